@@ -1,0 +1,417 @@
+//! The JSON types of the public HTTP API (API.md), shared by the server and the SDK.
+//!
+//! These types are a compatibility promise to every client: field names and meanings follow
+//! API.md exactly. They are deliberately separate from the server's Raft log types, which are
+//! bincode on disk and versioned on their own.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// Longest topic or subscription name.
+pub const MAX_NAME_LEN: usize = 128;
+/// Most records in one publish request.
+pub const MAX_BATCH_RECORDS: usize = 10_000;
+/// Most records one read returns.
+pub const MAX_READ_RECORDS: u64 = 10_000;
+/// Longest long-poll a read may ask for.
+pub const MAX_WAIT_MS: u64 = 30_000;
+
+/// True when `name` is a valid topic or subscription name: `[A-Za-z0-9._-]{1,128}`.
+pub fn is_valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_NAME_LEN
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
+}
+
+/// A record as a producer sends it: exactly one of `value` (UTF-8 text) or `value_b64`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecordIn {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value_b64: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, String>,
+}
+
+impl RecordIn {
+    /// A record with a UTF-8 text value.
+    pub fn text(value: impl Into<String>) -> Self {
+        RecordIn {
+            value: Some(value.into()),
+            ..Default::default()
+        }
+    }
+
+    /// A record with a binary value (sent as base64).
+    pub fn binary(value: &[u8]) -> Self {
+        use base64::Engine as _;
+        RecordIn {
+            value_b64: Some(base64::engine::general_purpose::STANDARD.encode(value)),
+            ..Default::default()
+        }
+    }
+
+    /// Sets the record's key.
+    pub fn with_key(mut self, key: impl Into<String>) -> Self {
+        self.key = Some(key.into());
+        self
+    }
+
+    /// Adds one header.
+    pub fn with_header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.headers.insert(name.into(), value.into());
+        self
+    }
+}
+
+/// Body of `POST /v1/topics/{topic}/records`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PublishRequest {
+    pub records: Vec<RecordIn>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub producer_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sequence: Option<u64>,
+}
+
+/// The last applied log entry and its leader timestamp: everything up to it is durable.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommitPoint {
+    pub index: u64,
+    pub timestamp_ms: u64,
+}
+
+/// Answer to a publish.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PublishResponse {
+    pub first_offset: u64,
+    pub last_offset: u64,
+    pub duplicate: bool,
+    pub commit_point: CommitPoint,
+}
+
+/// A record as returned by a read: `value` when the bytes are UTF-8, `value_b64` otherwise.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Record {
+    pub offset: u64,
+    pub timestamp_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value_b64: Option<String>,
+}
+
+impl Record {
+    /// The value's bytes, whichever way they were sent.
+    pub fn value_bytes(&self) -> Vec<u8> {
+        use base64::Engine as _;
+        match (&self.value, &self.value_b64) {
+            (Some(text), _) => text.as_bytes().to_vec(),
+            (None, Some(b64)) => base64::engine::general_purpose::STANDARD
+                .decode(b64)
+                .unwrap_or_default(),
+            (None, None) => Vec::new(),
+        }
+    }
+}
+
+/// Answer to `GET /v1/topics/{topic}/records`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadResponse {
+    pub records: Vec<Record>,
+    pub next_offset: u64,
+    pub high_watermark: u64,
+    pub skipped: u64,
+}
+
+/// Where a read starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadFrom {
+    /// A given offset.
+    Offset(u64),
+    /// The topic's first retained record.
+    First,
+    /// The last record.
+    Last,
+    /// Only records published after the call.
+    Next,
+}
+
+impl fmt::Display for ReadFrom {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ReadFrom::Offset(n) => write!(f, "{n}"),
+            ReadFrom::First => f.write_str("first"),
+            ReadFrom::Last => f.write_str("last"),
+            ReadFrom::Next => f.write_str("next"),
+        }
+    }
+}
+
+impl std::str::FromStr for ReadFrom {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "first" => Ok(ReadFrom::First),
+            "last" => Ok(ReadFrom::Last),
+            "next" => Ok(ReadFrom::Next),
+            n => n.parse::<u64>().map(ReadFrom::Offset).map_err(|_| {
+                format!("`from` must be an offset, `first`, `last` or `next`, not {n:?}")
+            }),
+        }
+    }
+}
+
+/// Retention limits of a topic (applied by later releases; stored now).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Retention {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_age_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_records: Option<u64>,
+}
+
+/// Body of `PUT /v1/topics/{topic}`; all fields optional.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TopicConfig {
+    #[serde(default)]
+    pub retention: Retention,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_record_bytes: Option<u64>,
+}
+
+/// One topic in `GET /v1/topics`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopicSummary {
+    pub name: String,
+    pub first_offset: u64,
+    pub next_offset: u64,
+    pub records: u64,
+    pub bytes: u64,
+    pub subscriptions: u64,
+}
+
+/// Answer to `GET /v1/topics`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopicList {
+    pub topics: Vec<TopicSummary>,
+}
+
+/// Answer to `GET /v1/topics/{topic}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopicInfo {
+    #[serde(flatten)]
+    pub summary: TopicSummary,
+    pub config: TopicConfig,
+    pub commit_point: CommitPoint,
+}
+
+/// One member in `GET /v1/cluster`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterMember {
+    pub id: u64,
+    pub url: String,
+    pub voter: bool,
+    /// Last log index known to be replicated to this member (known on the leader only).
+    pub matched_index: Option<u64>,
+}
+
+/// The latest snapshot of a node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotInfo {
+    pub index: u64,
+    pub bytes: u64,
+}
+
+/// Answer to `GET /v1/cluster`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterStatus {
+    pub node_id: u64,
+    pub leader_id: Option<u64>,
+    pub leader_url: Option<String>,
+    pub term: u64,
+    pub commit_index: u64,
+    pub last_applied: u64,
+    pub members: Vec<ClusterMember>,
+    pub snapshot: Option<SnapshotInfo>,
+}
+
+/// The stable, machine-readable error codes of API.md.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    InvalidArgument,
+    Unauthorized,
+    Forbidden,
+    TopicNotFound,
+    SubscriptionNotFound,
+    AlreadyExists,
+    PayloadTooLarge,
+    NotLeader,
+    NoLeader,
+    ShuttingDown,
+    SequenceGap,
+    Overloaded,
+    Internal,
+    /// A code this SDK does not know (a newer server).
+    #[serde(other)]
+    Unknown,
+}
+
+impl ErrorCode {
+    /// The code as it appears in a problem body.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::InvalidArgument => "invalid_argument",
+            ErrorCode::Unauthorized => "unauthorized",
+            ErrorCode::Forbidden => "forbidden",
+            ErrorCode::TopicNotFound => "topic_not_found",
+            ErrorCode::SubscriptionNotFound => "subscription_not_found",
+            ErrorCode::AlreadyExists => "already_exists",
+            ErrorCode::PayloadTooLarge => "payload_too_large",
+            ErrorCode::NotLeader => "not_leader",
+            ErrorCode::NoLeader => "no_leader",
+            ErrorCode::ShuttingDown => "shutting_down",
+            ErrorCode::SequenceGap => "sequence_gap",
+            ErrorCode::Overloaded => "overloaded",
+            ErrorCode::Internal => "internal",
+            ErrorCode::Unknown => "unknown",
+        }
+    }
+
+    /// The HTTP status API.md pairs with the code.
+    pub fn status(self) -> u16 {
+        match self {
+            ErrorCode::InvalidArgument => 400,
+            ErrorCode::Unauthorized => 401,
+            ErrorCode::Forbidden => 403,
+            ErrorCode::TopicNotFound | ErrorCode::SubscriptionNotFound => 404,
+            ErrorCode::AlreadyExists | ErrorCode::SequenceGap => 409,
+            ErrorCode::PayloadTooLarge => 413,
+            ErrorCode::NotLeader => 307,
+            ErrorCode::Overloaded => 429,
+            ErrorCode::NoLeader | ErrorCode::ShuttingDown => 503,
+            ErrorCode::Internal | ErrorCode::Unknown => 500,
+        }
+    }
+
+    /// A short human title for the code.
+    pub fn title(self) -> &'static str {
+        match self {
+            ErrorCode::InvalidArgument => "Invalid argument",
+            ErrorCode::Unauthorized => "Unauthorized",
+            ErrorCode::Forbidden => "Forbidden",
+            ErrorCode::TopicNotFound => "Topic not found",
+            ErrorCode::SubscriptionNotFound => "Subscription not found",
+            ErrorCode::AlreadyExists => "Already exists with a different configuration",
+            ErrorCode::PayloadTooLarge => "Payload too large",
+            ErrorCode::NotLeader => "Not the leader",
+            ErrorCode::NoLeader => "No leader",
+            ErrorCode::ShuttingDown => "Shutting down",
+            ErrorCode::SequenceGap => "Sequence gap",
+            ErrorCode::Overloaded => "Overloaded",
+            ErrorCode::Internal => "Internal error",
+            ErrorCode::Unknown => "Unknown error",
+        }
+    }
+}
+
+impl fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// An RFC 9457 problem body, as every error of the API is answered.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Problem {
+    #[serde(rename = "type")]
+    pub type_: String,
+    pub title: String,
+    pub status: u16,
+    pub detail: String,
+    pub code: ErrorCode,
+    /// With `not_leader` and `shutting_down`: the leader's id, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader_id: Option<u64>,
+    /// With `not_leader` and `shutting_down`: the leader's base URL, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader_url: Option<String>,
+}
+
+impl Problem {
+    /// A problem for `code` with a human `detail`.
+    pub fn new(code: ErrorCode, detail: impl Into<String>) -> Self {
+        Problem {
+            type_: format!("https://raftq.dev/problems/{}", code.as_str()),
+            title: code.title().to_string(),
+            status: code.status(),
+            detail: detail.into(),
+            code,
+            leader_id: None,
+            leader_url: None,
+        }
+    }
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({}): {}", self.title, self.code, self.detail)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        assert!(is_valid_name("orders.v1_eu-2"));
+        assert!(is_valid_name(&"a".repeat(128)));
+        assert!(!is_valid_name(&"a".repeat(129)));
+        assert!(!is_valid_name(""));
+        assert!(!is_valid_name("a/b"));
+        assert!(!is_valid_name("é"));
+        assert!(!is_valid_name("a b"));
+    }
+
+    #[test]
+    fn problem_round_trip_and_unknown_code() {
+        let p = Problem::new(ErrorCode::TopicNotFound, "no topic t");
+        let json = serde_json::to_string(&p).unwrap();
+        assert!(json.contains("\"code\":\"topic_not_found\""));
+        assert!(json.contains("\"status\":404"));
+        let back: Problem = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, p);
+        let newer: Problem = serde_json::from_str(
+            r#"{"type":"x","title":"t","status":418,"detail":"d","code":"teapot"}"#,
+        )
+        .unwrap();
+        assert_eq!(newer.code, ErrorCode::Unknown);
+    }
+
+    #[test]
+    fn read_from_parses() {
+        assert_eq!("first".parse::<ReadFrom>(), Ok(ReadFrom::First));
+        assert_eq!("17".parse::<ReadFrom>(), Ok(ReadFrom::Offset(17)));
+        assert!("-1".parse::<ReadFrom>().is_err());
+        assert!("latest".parse::<ReadFrom>().is_err());
+    }
+}

@@ -1,0 +1,105 @@
+//! Rust SDK for raftq, a replicated message queue on Raft, over its HTTP/JSON API (API.md).
+//!
+//! A [`Client`] knows a few node URLs, finds the leader by itself, follows the leader when it
+//! moves, and retries what is safe to retry within a deadline. It never reports a write as
+//! failed when it may have happened: an outcome it cannot know is reported as
+//! [`Error::Indeterminate`].
+//!
+//! # Example
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use raftq_client::api::{ReadFrom, RecordIn, TopicConfig};
+//! use raftq_client::{Client, ReadOptions};
+//!
+//! # async fn run() -> Result<(), raftq_client::Error> {
+//! let client = Client::builder(["http://10.0.0.1:7001", "http://10.0.0.2:7001"])
+//!     .token("s3cret")
+//!     .deadline(Duration::from_secs(10))
+//!     .build()?;
+//! client.create_topic("orders", &TopicConfig::default()).await?;
+//!
+//! let ack = client
+//!     .publish_records("orders", vec![RecordIn::text("order 17 placed").with_key("order-17")])
+//!     .await?;
+//!
+//! let read = client
+//!     .read(
+//!         "orders",
+//!         &ReadOptions::new()
+//!             .from(ReadFrom::Offset(ack.first_offset))
+//!             .wait(Duration::from_secs(5)),
+//!     )
+//!     .await?;
+//! for record in &read.records {
+//!     println!("{} {:?}", record.offset, record.value);
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Leaders and nodes
+//!
+//! Writes go to the last node known to lead; with none known, to the next node in the list.
+//! A follower answers `307` with the leader's address: the client re-sends the same request
+//! there (at most 5 redirects in a row) and remembers that leader, also for reads, so a
+//! caller reads its own acknowledged writes. Reads fall back to the other nodes when the
+//! leader cannot be reached. Nodes named by redirects are added to the list.
+//!
+//! # Deadlines, retries and what an error means for a write
+//!
+//! Every call has a deadline (default 30 s, plus the wait of a long-poll read) covering all its
+//! attempts; each attempt has its own time-out (default 10 s, plus the wait). Between attempts
+//! the client pauses 25 ms, doubling up to 1 s, with jitter; a server's `Retry-After` is
+//! honoured up to 1 s.
+//!
+//! Some answers prove the request was **not applied**, so re-sending it is always safe:
+//! a `307` redirect, a `503` with code `no_leader` or `shutting_down`, a `429` `overloaded`,
+//! and a connection that could not be opened (refused, unreachable, connect time-out). The
+//! client retries these for every call, moving to another node where that helps.
+//!
+//! Other failures leave the outcome **unknown**: a time-out after the request was sent, a reset
+//! connection, any other `5xx` (with or without a problem body). What happens then depends on
+//! the call:
+//!
+//! - Reads (`GET`) are retried, on any node, until the deadline.
+//! - [`Client::create_topic`], [`Client::delete_topic`], and a [`Client::publish`] with both
+//!   `producer_id` and `sequence` are retried too, because applying them twice has the effect
+//!   of applying them once (a server that supports idempotent publish deduplicates it and
+//!   answers its original offsets with `duplicate: true`; the current server refuses those
+//!   fields with 400 until producer support lands, so nothing is applied twice meanwhile).
+//! - A publish without `producer_id` + `sequence` (also [`Client::publish_records`] and
+//!   [`Client::publish_bytes`]) is **never** re-sent after such a failure: re-sending could
+//!   append the records twice. The call returns [`Error::Indeterminate`] at once, and it was
+//!   sent exactly once.
+//!
+//! When the deadline passes, a call returns [`Error::Unavailable`] if no attempt can have been
+//! applied (only refusals and failed connects), and [`Error::Indeterminate`] if some attempt
+//! of a write may have been. A `4xx` problem is a definite refusal and is returned at once as
+//! [`Error::Api`], which therefore always means "this call had no effect"; the one exception
+//! proves the rule: a refusal that follows an attempt which may have been applied is reported
+//! as [`Error::Indeterminate`]. A success status is a definite "applied" (if its body cannot
+//! be parsed, the error is [`Error::Decode`]).
+//!
+//! # Layout
+//!
+//! - [`api`]: the JSON types of API.md, shared with the server.
+//! - `client`: [`Client`], [`ClientBuilder`], [`ReadOptions`]; one method per API call, each
+//!   choosing how its call may be retried.
+//! - `transport`: node list, leader tracking, redirects, the retry loop and the classification
+//!   of every answer as "applied", "not applied" or "unknown".
+//! - `error`: [`Error`].
+
+pub mod api;
+mod client;
+mod error;
+mod transport;
+
+pub use client::{
+    Client, ClientBuilder, ReadOptions, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DEADLINE,
+    DEFAULT_REQUEST_TIMEOUT,
+};
+pub use error::Error;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Runs every check the project has, as CI does: formatting, lints, then the test suite.
+#
+#   scripts/test.sh [ARGS...]     ARGS go to `cargo test`, e.g. `scripts/test.sh -- --nocapture`
+#
+# Installs what a fresh Debian machine lacks (clang, libclang-dev, curl, rustfmt, clippy).
+# Everything builds with --release (the project's one cargo profile) into CARGO_TARGET_DIR,
+# by default ~/.cache/raftq/target, so the slow RocksDB C++ build happens once per machine.
+set -euo pipefail
+
+# shellcheck source=scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cd "$RAFTQ_ROOT"
+
+step() {
+    local name="$1" start=$SECONDS status=0
+    shift
+    banner "$name"
+    "$@" || status=$?
+    if [[ $status -ne 0 ]]; then
+        printf '%sFAILED%s: %s (exit %s, %ss)\n' "$_red" "$_reset" "$name" "$status" $((SECONDS - start)) >&2
+        exit "$status"
+    fi
+    ok "ok: $name ($((SECONDS - start))s)"
+}
+
+banner "setup"
+ensure_build_deps
+ensure_rust_components rustfmt clippy
+info "cargo: $(cargo --version)"
+info "target dir: $CARGO_TARGET_DIR"
+if rocksdb_cold; then
+    info "No RocksDB build in the target dir yet: the first build compiles it (C++) and may take ~15 minutes."
+fi
+
+step "cargo fmt --all --check" \
+    cargo fmt --all --check
+step "cargo clippy --release --workspace --all-targets -- -D warnings" \
+    cargo clippy --release --workspace --all-targets -- -D warnings
+step "cargo test --release --workspace $*" \
+    cargo test --release --workspace "$@"
+
+ok "all checks passed"

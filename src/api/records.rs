@@ -1,0 +1,309 @@
+//! `POST /v1/topics/{topic}/records` (publish) and `GET /v1/topics/{topic}/records` (read).
+
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{RawQuery, State};
+use axum::http::{header, HeaderMap, Uri};
+use axum::Json;
+use base64::Engine as _;
+use raftq_client::api::{
+    CommitPoint, PublishRequest, PublishResponse, ReadFrom, ReadResponse, Record, RecordIn,
+    MAX_BATCH_RECORDS, MAX_READ_RECORDS, MAX_WAIT_MS,
+};
+
+use super::error::ApiError;
+use super::{check_name, parse_json, TopicName};
+use crate::node::AppState;
+use crate::state::{
+    record_size, Command, NewRecord, Outcome, Publish, StoredRecord, DEFAULT_MAX_RECORD_BYTES,
+};
+
+/// Default and upper bound of `max_bytes` on a read.
+const DEFAULT_READ_BYTES: u64 = 4 << 20;
+const DEFAULT_READ_RECORDS: u64 = 100;
+
+fn query_pairs(raw: &Option<String>) -> Vec<(String, String)> {
+    raw.as_deref()
+        .map(|q| form_urlencoded::parse(q.as_bytes()).into_owned().collect())
+        .unwrap_or_default()
+}
+
+fn convert(i: usize, r: RecordIn) -> Result<NewRecord, ApiError> {
+    let value = match (r.value, r.value_b64) {
+        (Some(v), None) => v.into_bytes(),
+        (None, Some(b)) => base64::engine::general_purpose::STANDARD
+            .decode(b.as_bytes())
+            .map_err(|e| {
+                ApiError::invalid(format!("record {i}: value_b64 is not valid base64: {e}"))
+            })?,
+        (Some(_), Some(_)) => {
+            return Err(ApiError::invalid(format!(
+                "record {i} has both value and value_b64; send exactly one"
+            )))
+        }
+        (None, None) => {
+            return Err(ApiError::invalid(format!(
+                "record {i} has neither value nor value_b64"
+            )))
+        }
+    };
+    Ok(NewRecord {
+        key: r.key,
+        headers: r.headers.into_iter().collect(),
+        value,
+    })
+}
+
+pub async fn publish(
+    State(node): State<AppState>,
+    TopicName(topic): TopicName,
+    RawQuery(raw): RawQuery,
+    headers: HeaderMap,
+    uri: Uri,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<PublishResponse>, ApiError> {
+    let body = body?;
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("application/json")
+        .to_ascii_lowercase();
+    let records = if content_type.starts_with("application/octet-stream") {
+        let mut key = None;
+        for (k, v) in query_pairs(&raw) {
+            match k.as_str() {
+                "key" => key = Some(v),
+                other => {
+                    return Err(ApiError::invalid(format!(
+                        "unknown query parameter {other:?} for a raw publish"
+                    )))
+                }
+            }
+        }
+        vec![NewRecord {
+            key,
+            headers: vec![],
+            value: body.to_vec(),
+        }]
+    } else if content_type.starts_with("application/json") {
+        let req: PublishRequest = parse_json(&body)?;
+        if req.producer_id.is_some() || req.sequence.is_some() {
+            return Err(ApiError::invalid(
+                "idempotent publish (producer_id, sequence) is not supported by this server yet; \
+                 publish without them",
+            ));
+        }
+        if req.records.is_empty() || req.records.len() > MAX_BATCH_RECORDS {
+            return Err(ApiError::invalid(format!(
+                "a publish carries 1 to {MAX_BATCH_RECORDS} records, not {}",
+                req.records.len()
+            )));
+        }
+        req.records
+            .into_iter()
+            .enumerate()
+            .map(|(i, r)| convert(i, r))
+            .collect::<Result<Vec<_>, _>>()?
+    } else {
+        return Err(ApiError::invalid(format!(
+            "unsupported Content-Type {content_type:?}: use application/json or application/octet-stream"
+        )));
+    };
+    // Refuse oversize records before proposing (apply checks again, deterministically).
+    let limit = node
+        .sm
+        .view()
+        .state
+        .topics
+        .get(&topic)
+        .map_or(DEFAULT_MAX_RECORD_BYTES, |m| {
+            m.settings.effective_max_record_bytes()
+        });
+    if let Some((i, r)) = records
+        .iter()
+        .enumerate()
+        .find(|(_, r)| record_size(r) > limit)
+    {
+        return Err(ApiError::too_large(format!(
+            "record {i} is {} bytes; topic {topic:?} accepts at most {limit}",
+            record_size(r)
+        )));
+    }
+    let (outcome, cp) = node
+        .propose(&uri, Command::Publish(Publish { topic, records }))
+        .await?;
+    match outcome {
+        Outcome::Published {
+            first_offset,
+            last_offset,
+        } => Ok(Json(PublishResponse {
+            first_offset,
+            last_offset,
+            duplicate: false,
+            commit_point: CommitPoint {
+                index: cp.index,
+                timestamp_ms: cp.time_ms,
+            },
+        })),
+        other => Err(ApiError::internal(format!("unexpected outcome {other:?}"))),
+    }
+}
+
+struct ReadParams {
+    from: Option<ReadFrom>,
+    subscription: Option<String>,
+    max: u64,
+    max_bytes: u64,
+    wait: Duration,
+}
+
+fn parse_u64(name: &str, v: &str) -> Result<u64, ApiError> {
+    v.parse::<u64>().map_err(|_| {
+        ApiError::invalid(format!(
+            "`{name}` must be a non-negative integer, not {v:?}"
+        ))
+    })
+}
+
+fn read_params(raw: &Option<String>) -> Result<ReadParams, ApiError> {
+    let mut p = ReadParams {
+        from: None,
+        subscription: None,
+        max: DEFAULT_READ_RECORDS,
+        max_bytes: DEFAULT_READ_BYTES,
+        wait: Duration::ZERO,
+    };
+    for (k, v) in query_pairs(raw) {
+        match k.as_str() {
+            "from" => p.from = Some(v.parse().map_err(ApiError::invalid)?),
+            "subscription" => {
+                check_name("subscription", &v)?;
+                p.subscription = Some(v);
+            }
+            "max" => {
+                p.max = parse_u64("max", &v)?;
+                if p.max == 0 || p.max > MAX_READ_RECORDS {
+                    return Err(ApiError::invalid(format!(
+                        "`max` must be 1 to {MAX_READ_RECORDS}"
+                    )));
+                }
+            }
+            "max_bytes" => {
+                p.max_bytes = parse_u64("max_bytes", &v)?;
+                if p.max_bytes == 0 {
+                    return Err(ApiError::invalid("`max_bytes` must be at least 1"));
+                }
+            }
+            "wait_ms" => {
+                let ms = parse_u64("wait_ms", &v)?;
+                if ms > MAX_WAIT_MS {
+                    return Err(ApiError::invalid(format!(
+                        "`wait_ms` must be 0 to {MAX_WAIT_MS}"
+                    )));
+                }
+                p.wait = Duration::from_millis(ms);
+            }
+            other => {
+                return Err(ApiError::invalid(format!(
+                    "unknown query parameter {other:?}"
+                )))
+            }
+        }
+    }
+    Ok(p)
+}
+
+fn to_api(offset: u64, r: StoredRecord) -> Record {
+    let (value, value_b64) = match String::from_utf8(r.value) {
+        Ok(text) => (Some(text), None),
+        Err(e) => (
+            None,
+            Some(base64::engine::general_purpose::STANDARD.encode(e.as_bytes())),
+        ),
+    };
+    Record {
+        offset,
+        timestamp_ms: r.timestamp_ms,
+        key: r.key,
+        headers: r.headers.into_iter().collect(),
+        value,
+        value_b64,
+    }
+}
+
+/// Serves committed records only: apply runs after commit, and records become visible to
+/// readers when their entry is applied. Any node serves reads from its own applied state.
+pub async fn read(
+    State(node): State<AppState>,
+    TopicName(topic): TopicName,
+    RawQuery(raw): RawQuery,
+) -> Result<Json<ReadResponse>, ApiError> {
+    let p = read_params(&raw)?;
+    if let Some(sub) = &p.subscription {
+        // Subscriptions are not part of this server version yet: none can exist.
+        return Err(ApiError::new(
+            raftq_client::api::ErrorCode::SubscriptionNotFound,
+            format!("subscription {sub:?} does not exist on topic {topic:?}"),
+        ));
+    }
+    let deadline = tokio::time::Instant::now() + p.wait;
+    let mut applied = node.sm.subscribe_applied();
+    let mut shutdown = node.shutdown_rx();
+    // `next` means "after the call": pin it to the high watermark seen first.
+    let mut start: Option<u64> = match p.from {
+        Some(ReadFrom::Offset(n)) => Some(n),
+        _ => None,
+    };
+    loop {
+        applied.borrow_and_update();
+        let (meta, hw, from, skipped) = {
+            let view = node.sm.view();
+            let meta = view
+                .state
+                .topics
+                .get(&topic)
+                .ok_or_else(|| ApiError::topic_not_found(&topic))?
+                .clone();
+            let hw = meta.next_offset;
+            let from = *start.get_or_insert(match p.from {
+                Some(ReadFrom::Offset(n)) => n,
+                Some(ReadFrom::Last) => hw.saturating_sub(1).max(meta.first_offset),
+                Some(ReadFrom::Next) => hw,
+                Some(ReadFrom::First) | None => meta.first_offset,
+            });
+            let skipped = meta.first_offset.saturating_sub(from);
+            let from = from.max(meta.first_offset);
+            (meta, hw, from, skipped)
+        };
+        if from < hw {
+            let rows = node
+                .sm
+                .read_records(&meta, from, hw, p.max, p.max_bytes)
+                .map_err(|e| ApiError::internal(format!("reading records: {e}")))?;
+            let next_offset = rows.last().map_or(from, |(o, _)| o + 1);
+            let records = rows.into_iter().map(|(o, r)| to_api(o, r)).collect();
+            return Ok(Json(ReadResponse {
+                records,
+                next_offset,
+                high_watermark: hw,
+                skipped,
+            }));
+        }
+        let empty = ReadResponse {
+            records: vec![],
+            next_offset: from,
+            high_watermark: hw,
+            skipped,
+        };
+        if *shutdown.borrow() {
+            return Ok(Json(empty));
+        }
+        tokio::select! {
+            _ = tokio::time::sleep_until(deadline) => return Ok(Json(empty)),
+            _ = shutdown.changed() => return Ok(Json(empty)),
+            changed = applied.changed() => if changed.is_err() { return Ok(Json(empty)) },
+        }
+    }
+}

@@ -1,0 +1,123 @@
+//! `PUT/GET/DELETE /v1/topics/{topic}` and `GET /v1/topics`.
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::http::{StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use raftq_client::api::{CommitPoint, Retention, TopicConfig, TopicInfo, TopicList, TopicSummary};
+
+use super::error::ApiError;
+use super::{parse_json, TopicName};
+use crate::node::AppState;
+use crate::state::{Command, CreateTopic, DeleteTopic, Outcome, TopicMeta, TopicSettings};
+
+fn settings_from_api(c: &TopicConfig) -> TopicSettings {
+    TopicSettings {
+        max_age_ms: c.retention.max_age_ms,
+        max_bytes: c.retention.max_bytes,
+        max_records: c.retention.max_records,
+        max_record_bytes: c.max_record_bytes,
+    }
+}
+
+fn config_to_api(s: &TopicSettings) -> TopicConfig {
+    TopicConfig {
+        retention: Retention {
+            max_age_ms: s.max_age_ms,
+            max_bytes: s.max_bytes,
+            max_records: s.max_records,
+        },
+        max_record_bytes: s.max_record_bytes,
+    }
+}
+
+pub fn summary(name: &str, meta: &TopicMeta) -> TopicSummary {
+    TopicSummary {
+        name: name.to_string(),
+        first_offset: meta.first_offset,
+        next_offset: meta.next_offset,
+        records: meta.records(),
+        bytes: meta.bytes,
+        subscriptions: 0,
+    }
+}
+
+fn info(node: &AppState, name: &str) -> Result<TopicInfo, ApiError> {
+    let view = node.sm.view();
+    let meta = view
+        .state
+        .topics
+        .get(name)
+        .ok_or_else(|| ApiError::topic_not_found(name))?;
+    Ok(TopicInfo {
+        summary: summary(name, meta),
+        config: config_to_api(&meta.settings),
+        commit_point: CommitPoint {
+            index: view.commit_point.index,
+            timestamp_ms: view.commit_point.time_ms,
+        },
+    })
+}
+
+pub async fn create(
+    State(node): State<AppState>,
+    TopicName(topic): TopicName,
+    uri: Uri,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = body?;
+    let config: TopicConfig = if body.iter().all(u8::is_ascii_whitespace) {
+        TopicConfig::default()
+    } else {
+        parse_json(&body)?
+    };
+    let settings = settings_from_api(&config);
+    crate::state::validate_settings(&settings)?;
+    let (outcome, _) = node
+        .propose(
+            &uri,
+            Command::CreateTopic(CreateTopic {
+                name: topic.clone(),
+                settings,
+            }),
+        )
+        .await?;
+    let status = if outcome == Outcome::TopicCreated {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    // Read back from this node's applied state: the command was applied here before the answer.
+    Ok((status, Json(info(&node, &topic)?)).into_response())
+}
+
+pub async fn list(State(node): State<AppState>) -> Json<TopicList> {
+    let view = node.sm.view();
+    Json(TopicList {
+        topics: view
+            .state
+            .topics
+            .iter()
+            .map(|(n, m)| summary(n, m))
+            .collect(),
+    })
+}
+
+pub async fn get(
+    State(node): State<AppState>,
+    TopicName(topic): TopicName,
+) -> Result<Json<TopicInfo>, ApiError> {
+    Ok(Json(info(&node, &topic)?))
+}
+
+pub async fn delete(
+    State(node): State<AppState>,
+    TopicName(topic): TopicName,
+    uri: Uri,
+) -> Result<StatusCode, ApiError> {
+    node.propose(&uri, Command::DeleteTopic(DeleteTopic { name: topic }))
+        .await?;
+    Ok(StatusCode::NO_CONTENT)
+}

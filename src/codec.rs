@@ -1,0 +1,67 @@
+//! The one binary codec for everything raftq writes to disk or sends between nodes.
+//!
+//! bincode 1.3 with varint integers and an explicit size limit on decode, so a hostile or
+//! corrupt input can never make a node allocate without bound. Types encoded here are a
+//! compatibility promise: they are on disk forever, so each carries its own version (an
+//! enum tag or a leading version byte) and old versions keep decoding.
+
+use bincode::Options;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+/// Upper bound for any single decoded value that did not come with its own limit.
+pub const DEFAULT_DECODE_LIMIT: u64 = 1 << 30;
+
+fn options(limit: u64) -> impl Options {
+    bincode::DefaultOptions::new()
+        .with_varint_encoding()
+        .with_little_endian()
+        .with_limit(limit)
+        .reject_trailing_bytes()
+}
+
+/// Encodes `value`. Encoding our own in-memory types cannot fail except on a size overflow,
+/// which the limits on input make impossible; the error is still returned, never unwrapped.
+pub fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, bincode::Error> {
+    bincode::DefaultOptions::new()
+        .with_varint_encoding()
+        .with_little_endian()
+        .serialize(value)
+}
+
+/// Decodes `bytes` with the default limit.
+pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, bincode::Error> {
+    decode_limited(bytes, DEFAULT_DECODE_LIMIT)
+}
+
+/// Decodes `bytes`, refusing anything that would allocate more than `limit` bytes.
+pub fn decode_limited<T: DeserializeOwned>(bytes: &[u8], limit: u64) -> Result<T, bincode::Error> {
+    options(limit).deserialize(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip() {
+        let v: (u64, String, Vec<u8>) = (7, "x".into(), vec![1, 2, 3]);
+        let bytes = encode(&v).unwrap();
+        let back: (u64, String, Vec<u8>) = decode(&bytes).unwrap();
+        assert_eq!(back, v);
+    }
+
+    #[test]
+    fn garbage_and_bombs_are_errors_not_panics() {
+        // A length prefix claiming 2^60 bytes must be refused by the limit, not allocated.
+        let mut bomb = encode(&u64::MAX).unwrap();
+        bomb.truncate(9);
+        assert!(decode_limited::<Vec<u8>>(&bomb, 1024).is_err());
+        assert!(decode::<(u64, String)>(&[0xff, 0xfe, 0x00]).is_err());
+        assert!(decode::<u64>(&[]).is_err());
+        // Trailing bytes are corruption, not padding.
+        let mut long = encode(&5u64).unwrap();
+        long.push(0);
+        assert!(decode::<u64>(&long).is_err());
+    }
+}

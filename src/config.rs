@@ -1,0 +1,312 @@
+//! Settings of `raftq serve`, from flags, `RAFTQ_*` environment variables and a TOML file.
+//!
+//! Precedence: a flag or environment variable wins over the file, which wins over defaults.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context};
+use serde::Deserialize;
+
+/// Flags of `raftq serve`. Every flag has a `RAFTQ_*` environment twin.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ServeArgs {
+    /// This node's id (a positive integer, unique in the cluster, never reused).
+    #[arg(long, env = "RAFTQ_ID")]
+    pub id: Option<u64>,
+    /// Address to listen on for the client API and Raft RPC, e.g. 127.0.0.1:7001.
+    #[arg(long, env = "RAFTQ_LISTEN")]
+    pub listen: Option<SocketAddr>,
+    /// Data directory of this node.
+    #[arg(long, env = "RAFTQ_DATA")]
+    pub data: Option<PathBuf>,
+    /// Every voter of the cluster: `1=http://host:port,2=...,3=...` (this node included).
+    #[arg(long, env = "RAFTQ_PEERS")]
+    pub peers: Option<String>,
+    /// Name of the cluster; a data directory of another cluster is refused.
+    #[arg(long, env = "RAFTQ_CLUSTER_ID")]
+    pub cluster_id: Option<String>,
+    /// Shared secret that authenticates node-to-node Raft traffic.
+    #[arg(long, env = "RAFTQ_CLUSTER_SECRET", hide_env_values = true)]
+    pub cluster_secret: Option<String>,
+    /// File holding the cluster secret (first line).
+    #[arg(long, env = "RAFTQ_CLUSTER_SECRET_FILE")]
+    pub cluster_secret_file: Option<PathBuf>,
+    /// Longest graceful shutdown before the node flushes and exits anyway, in ms.
+    #[arg(long, env = "RAFTQ_SHUTDOWN_TIMEOUT_MS")]
+    pub shutdown_timeout_ms: Option<u64>,
+    /// TOML file with the same settings (keys as the flags, with `_` for `-`).
+    #[arg(long, env = "RAFTQ_CONFIG")]
+    pub config: Option<PathBuf>,
+}
+
+/// `peers` in TOML: the flag's string, or a table `{ 1 = "http://..." }`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+enum PeersValue {
+    Text(String),
+    Table(BTreeMap<String, String>),
+}
+
+/// The TOML file.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    id: Option<u64>,
+    listen: Option<SocketAddr>,
+    data: Option<PathBuf>,
+    peers: Option<PeersValue>,
+    cluster_id: Option<String>,
+    cluster_secret: Option<String>,
+    cluster_secret_file: Option<PathBuf>,
+    shutdown_timeout_ms: Option<u64>,
+    max_body_bytes: Option<usize>,
+    raft_body_limit: Option<usize>,
+    write_timeout_ms: Option<u64>,
+    snapshot_logs: Option<u64>,
+}
+
+/// Resolved settings of one node.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub id: u64,
+    pub listen: SocketAddr,
+    pub data: PathBuf,
+    /// id -> base URL of every voter, this node included.
+    pub peers: BTreeMap<u64, String>,
+    pub cluster_id: String,
+    pub cluster_secret: String,
+    pub shutdown_timeout: Duration,
+    /// Largest client request body.
+    pub max_body_bytes: usize,
+    /// Largest Raft RPC body, and the decode limit for it.
+    pub raft_body_limit: usize,
+    /// How long a write waits for commit before answering "outcome unknown".
+    pub write_timeout: Duration,
+    /// Log entries between snapshots.
+    pub snapshot_logs: u64,
+}
+
+impl Settings {
+    /// This node's own base URL, as the other nodes reach it.
+    pub fn own_url(&self) -> &str {
+        self.peers.get(&self.id).map_or("", String::as_str)
+    }
+}
+
+/// Parses `1=http://a:1,2=http://b:2`.
+pub fn parse_peers(text: &str) -> anyhow::Result<BTreeMap<u64, String>> {
+    let mut peers = BTreeMap::new();
+    for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (id, url) = part
+            .split_once('=')
+            .ok_or_else(|| anyhow!("peer {part:?} is not of the form ID=URL"))?;
+        insert_peer(&mut peers, id, url)?;
+    }
+    Ok(peers)
+}
+
+fn insert_peer(peers: &mut BTreeMap<u64, String>, id: &str, url: &str) -> anyhow::Result<()> {
+    let id: u64 = id
+        .trim()
+        .parse()
+        .map_err(|_| anyhow!("peer id {id:?} is not a positive integer"))?;
+    if id == 0 {
+        bail!("peer id 0 is reserved; ids start at 1");
+    }
+    let url = url.trim().trim_end_matches('/');
+    if !(url.starts_with("http://") || url.starts_with("https://")) || url.len() < 10 {
+        bail!("peer {id} has URL {url:?}; expected http://HOST:PORT");
+    }
+    if peers.insert(id, url.to_string()).is_some() {
+        bail!("peer {id} is listed twice");
+    }
+    Ok(())
+}
+
+fn read_secret(path: &Path) -> anyhow::Result<String> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the cluster secret file {}", path.display()))?;
+    Ok(text.lines().next().unwrap_or("").trim().to_string())
+}
+
+impl ServeArgs {
+    /// Merges flags, environment and the optional file into settings, checking them.
+    pub fn resolve(&self) -> anyhow::Result<Settings> {
+        let file: FileConfig = match &self.config {
+            None => FileConfig::default(),
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("cannot read config file {}", path.display()))?;
+                toml::from_str(&text)
+                    .with_context(|| format!("invalid config file {}", path.display()))?
+            }
+        };
+        let id = self
+            .id
+            .or(file.id)
+            .ok_or_else(|| anyhow!("--id (or RAFTQ_ID, or `id` in the config file) is required"))?;
+        if id == 0 {
+            bail!("--id must be at least 1");
+        }
+        let listen = self
+            .listen
+            .or(file.listen)
+            .ok_or_else(|| anyhow!("--listen HOST:PORT (or RAFTQ_LISTEN) is required"))?;
+        let data = self
+            .data
+            .clone()
+            .or(file.data)
+            .ok_or_else(|| anyhow!("--data DIR (or RAFTQ_DATA) is required"))?;
+        let peers = match (&self.peers, file.peers) {
+            (Some(text), _) => parse_peers(text)?,
+            (None, Some(PeersValue::Text(text))) => parse_peers(&text)?,
+            (None, Some(PeersValue::Table(t))) => {
+                let mut peers = BTreeMap::new();
+                for (k, v) in t {
+                    insert_peer(&mut peers, &k, &v)?;
+                }
+                peers
+            }
+            (None, None) => bail!("--peers 1=http://HOST:PORT,2=... (or RAFTQ_PEERS) is required"),
+        };
+        if !peers.contains_key(&id) {
+            bail!("--peers must include this node's own id {id}");
+        }
+        let secret = match (&self.cluster_secret, &self.cluster_secret_file, file.cluster_secret, file.cluster_secret_file) {
+            (Some(s), _, _, _) => s.clone(),
+            (None, Some(p), _, _) => read_secret(p)?,
+            (None, None, Some(s), _) => s,
+            (None, None, None, Some(p)) => read_secret(&p)?,
+            (None, None, None, None) => bail!(
+                "a cluster secret is required to authenticate Raft traffic: --cluster-secret-file FILE \
+                 (or RAFTQ_CLUSTER_SECRET / RAFTQ_CLUSTER_SECRET_FILE)"
+            ),
+        };
+        if secret.len() < 16 {
+            bail!("the cluster secret must be at least 16 characters long");
+        }
+        let cluster_id = self
+            .cluster_id
+            .clone()
+            .or(file.cluster_id)
+            .unwrap_or_else(|| "raftq".into());
+        if !raftq_client::api::is_valid_name(&cluster_id) {
+            bail!("--cluster-id must match [A-Za-z0-9._-]{{1,128}}");
+        }
+        Ok(Settings {
+            id,
+            listen,
+            data,
+            peers,
+            cluster_id,
+            cluster_secret: secret,
+            shutdown_timeout: Duration::from_millis(
+                self.shutdown_timeout_ms
+                    .or(file.shutdown_timeout_ms)
+                    .unwrap_or(15_000),
+            ),
+            max_body_bytes: file.max_body_bytes.unwrap_or(32 << 20),
+            raft_body_limit: file.raft_body_limit.unwrap_or(256 << 20),
+            write_timeout: Duration::from_millis(file.write_timeout_ms.unwrap_or(10_000)),
+            snapshot_logs: file.snapshot_logs.unwrap_or(20_000),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn base() -> ServeArgs {
+        ServeArgs {
+            id: Some(1),
+            listen: Some("127.0.0.1:7001".parse().unwrap()),
+            data: Some("/tmp/x".into()),
+            peers: Some("1=http://127.0.0.1:7001, 2=http://127.0.0.1:7002/".into()),
+            cluster_secret: Some("0123456789abcdef".into()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn flags_resolve() {
+        let s = base().resolve().unwrap();
+        assert_eq!(s.peers[&2], "http://127.0.0.1:7002");
+        assert_eq!(s.own_url(), "http://127.0.0.1:7001");
+        assert_eq!(s.cluster_id, "raftq");
+    }
+
+    #[test]
+    fn bad_settings_say_what_is_wrong() {
+        type Mutation = Box<dyn Fn(&mut ServeArgs)>;
+        let cases: Vec<(Mutation, &str)> = vec![
+            (Box::new(|a| a.id = None), "--id"),
+            (Box::new(|a| a.id = Some(3)), "own id 3"),
+            (
+                Box::new(|a| a.peers = Some("1=ftp://x".into())),
+                "expected http://",
+            ),
+            (
+                Box::new(|a| a.peers = Some("1=http://a:1,1=http://b:2".into())),
+                "listed twice",
+            ),
+            (
+                Box::new(|a| a.peers = Some("x=http://a:1".into())),
+                "not a positive integer",
+            ),
+            (
+                Box::new(|a| a.cluster_secret = Some("short".into())),
+                "at least 16",
+            ),
+            (
+                Box::new(|a| a.cluster_secret = None),
+                "cluster secret is required",
+            ),
+            (
+                Box::new(|a| a.cluster_id = Some("a b".into())),
+                "--cluster-id",
+            ),
+        ];
+        for (mutate, want) in cases {
+            let mut a = base();
+            mutate(&mut a);
+            let err = a.resolve().unwrap_err().to_string();
+            assert!(err.contains(want), "{err:?} should mention {want:?}");
+        }
+    }
+
+    #[test]
+    fn file_is_overridden_by_flags() {
+        let dir = tempfile::tempdir().unwrap();
+        let secret = dir.path().join("secret");
+        std::fs::write(&secret, "fedcba9876543210fedcba\n").unwrap();
+        let cfg = dir.path().join("n.toml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "id = 2\nlisten = \"127.0.0.1:9002\"\ndata = \"/tmp/d2\"\ncluster_secret_file = {:?}\n\
+                 cluster_id = \"c9\"\n[peers]\n1 = \"http://127.0.0.1:9001\"\n2 = \"http://127.0.0.1:9002\"\n",
+                secret
+            ),
+        )
+        .unwrap();
+        let args = ServeArgs {
+            config: Some(cfg.clone()),
+            ..Default::default()
+        };
+        let s = args.resolve().unwrap();
+        assert_eq!(
+            (s.id, s.cluster_id.as_str(), s.cluster_secret.as_str()),
+            (2, "c9", "fedcba9876543210fedcba")
+        );
+        let args = ServeArgs {
+            config: Some(cfg),
+            id: Some(1),
+            ..Default::default()
+        };
+        assert_eq!(args.resolve().unwrap().id, 1);
+    }
+}

@@ -1,0 +1,23 @@
+//! raftq: a replicated message queue on Raft that never loses an acknowledged message.
+//!
+//! # Layout
+//! - [`config`]: settings of `raftq serve` from flags, environment and TOML.
+//! - [`node`]: one running node: storage, Raft, HTTP, cluster formation, graceful shutdown.
+//! - [`api`]: the public HTTP API (API.md), one module per endpoint family.
+//! - [`proposer`]: group commit, many client commands per Raft entry.
+//! - [`raft`]: openraft types and the node-to-node RPC (client and server side).
+//! - [`state`]: the pure state machine: commands, apply, and the types stored on disk.
+//! - [`store`]: RocksDB: the Raft log, Raft metadata, the state machine, snapshots, the data
+//!   directory's identity and lock.
+//! - [`codec`]: the one binary codec for disk and network, with decode limits.
+//!
+//! See ARCHITECTURE.md for the invariants and boundaries.
+
+pub mod api;
+pub mod codec;
+pub mod config;
+pub mod node;
+pub mod proposer;
+pub mod raft;
+pub mod state;
+pub mod store;

@@ -1,0 +1,56 @@
+//! The `raftq` command.
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "raftq",
+    version,
+    about = "A replicated message queue that never loses an acknowledged message"
+)]
+struct Cli {
+    /// Log format: `human` or `json`.
+    #[arg(long, global = true, env = "RAFTQ_LOG_FORMAT", default_value = "human")]
+    log_format: String,
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Run one node of a raftq cluster.
+    Serve(raftq::config::ServeArgs),
+}
+
+fn init_logging(format: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("RAFTQ_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=error"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if format == "json" {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    init_logging(&cli.log_format);
+    let result = match cli.command {
+        Cmd::Serve(args) => args.resolve().and_then(|settings| {
+            tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?
+                .block_on(raftq::node::run(settings))
+        }),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("raftq: error: {e:#}");
+            std::process::ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,454 @@
+//! One raftq node: opens storage, starts Raft and the HTTP server, forms the cluster when it
+//! is new, and shuts down gracefully.
+//!
+//! Shutdown protocol (SIGTERM or SIGINT), bounded by `shutdown_timeout`:
+//! 1. the shutdown flag is raised: new `/v1` requests get 503 `shutting_down` with the
+//!    leader's address, and every open long-poll answers at once with what it has;
+//! 2. writes already proposed are given time to finish, so their clients get a definite answer;
+//! 3. a leader waits until every voter has its whole log, so the next leader loses nothing and
+//!    is elected as soon as the followers' election timeout fires;
+//! 4. Raft stops, the HTTP server stops, RocksDB's WAL is fsynced and the memtables flushed,
+//!    the database is closed and the process exits 0.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use axum::http::Uri;
+use openraft::BasicNode;
+use tokio::sync::watch;
+
+use crate::api::error::ApiError;
+use crate::config::Settings;
+use crate::proposer::{ProposeError, Proposer, ProposerLimits};
+use crate::raft::network::{Network, SECRET_HEADER};
+use crate::raft::{NodeId, Raft};
+use crate::state::{Command, CommitPoint, Outcome};
+use crate::store::{self, DataDir, LogStore, SmShared, StateMachineStore};
+
+/// Everything a request handler needs. Shared as [`AppState`].
+pub struct Node {
+    pub id: NodeId,
+    pub settings: Settings,
+    pub raft: Raft,
+    pub sm: Arc<SmShared>,
+    pub proposer: Proposer,
+    /// Highest committed index known here (from the log store).
+    pub committed: Arc<AtomicU64>,
+    /// Raised once at the start of shutdown; handlers and long-polls watch it.
+    shutdown_tx: watch::Sender<bool>,
+    /// Writes between "proposed" and "answered", so shutdown can let them finish.
+    writes_in_flight: AtomicUsize,
+    /// Set once shutdown stops Raft on purpose, so that is not mistaken for a fatal error.
+    stopping_raft: AtomicBool,
+}
+
+pub type AppState = Arc<Node>;
+
+/// Decrements the in-flight write count when a write handler finishes, however it ends.
+struct InFlight<'a>(&'a AtomicUsize);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Node {
+    pub fn is_shutting_down(&self) -> bool {
+        *self.shutdown_tx.borrow()
+    }
+
+    /// A receiver that changes when shutdown begins.
+    pub fn shutdown_rx(&self) -> watch::Receiver<bool> {
+        self.shutdown_tx.subscribe()
+    }
+
+    /// The current leader's id and URL, when known.
+    pub fn leader(&self) -> Option<(NodeId, String)> {
+        let m = self.raft.metrics();
+        let m = m.borrow();
+        let id = m.current_leader?;
+        let url = m.membership_config.membership().get_node(&id)?.addr.clone();
+        Some((id, url))
+    }
+
+    /// Whether this node leads and has heard from a quorum recently. A leader cut off from
+    /// its followers keeps believing it leads (openraft does not step down on its own); it
+    /// must not take writes that can only time out, nor report itself ready.
+    pub fn leads_with_quorum(&self) -> bool {
+        let m = self.raft.metrics();
+        let m = m.borrow();
+        if m.current_leader != Some(self.id) {
+            return false;
+        }
+        if m.membership_config.membership().voter_ids().count() <= 1 {
+            return true;
+        }
+        m.millis_since_quorum_ack
+            .is_some_and(|ms| ms <= QUORUM_STALE_MS)
+    }
+
+    /// Proposes one command through Raft and maps every failure to its API answer.
+    /// `uri` is the request's path and query, for the 307 to the leader.
+    pub async fn propose(
+        &self,
+        uri: &Uri,
+        cmd: Command,
+    ) -> Result<(Outcome, CommitPoint), ApiError> {
+        if self.is_shutting_down() {
+            return Err(ApiError::shutting_down(
+                self.leader().filter(|(id, _)| *id != self.id),
+            ));
+        }
+        // Answer early, without proposing, when another node leads: a definite "not applied".
+        match self.leader() {
+            Some((id, _)) if id == self.id && !self.leads_with_quorum() => {
+                return Err(ApiError::no_leader());
+            }
+            Some((id, _)) if id == self.id => {}
+            Some((id, url)) => return Err(ApiError::not_leader(id, &url, &path_and_query(uri))),
+            None => return Err(ApiError::no_leader()),
+        }
+        self.writes_in_flight.fetch_add(1, Ordering::SeqCst);
+        let _guard = InFlight(&self.writes_in_flight);
+        match self
+            .proposer
+            .propose(cmd, self.settings.write_timeout)
+            .await
+        {
+            Ok((Ok(outcome), cp)) => Ok((outcome, cp)),
+            Ok((Err(refused), _)) => Err(refused.into()),
+            Err(ProposeError::NotLeader {
+                leader_id: Some(id),
+                leader_url: Some(url),
+            }) if id != self.id => Err(ApiError::not_leader(id, &url, &path_and_query(uri))),
+            Err(ProposeError::NotLeader { .. }) => Err(ApiError::no_leader()),
+            Err(ProposeError::Overloaded) => Err(ApiError::overloaded(
+                "too many writes queued on this node; retry shortly",
+            )),
+            Err(ProposeError::ShuttingDown) => Err(ApiError::shutting_down(None)),
+            Err(ProposeError::Indeterminate(why)) => Err(ApiError::indeterminate(why)),
+        }
+    }
+}
+
+/// Raft timing. The leader lease openraft grants is `ELECTION_TIMEOUT_MAX_MS`.
+const HEARTBEAT_MS: u64 = 100;
+const ELECTION_TIMEOUT_MIN_MS: u64 = 600;
+const ELECTION_TIMEOUT_MAX_MS: u64 = 1200;
+/// A leader that has not heard from a quorum for this long answers `no_leader`.
+const QUORUM_STALE_MS: u64 = ELECTION_TIMEOUT_MAX_MS;
+
+fn path_and_query(uri: &Uri) -> String {
+    uri.path_and_query()
+        .map_or_else(|| uri.path().to_string(), |pq| pq.as_str().to_string())
+}
+
+fn raft_config(settings: &Settings) -> anyhow::Result<openraft::Config> {
+    let config = openraft::Config {
+        cluster_name: settings.cluster_id.clone(),
+        heartbeat_interval: HEARTBEAT_MS,
+        election_timeout_min: ELECTION_TIMEOUT_MIN_MS,
+        election_timeout_max: ELECTION_TIMEOUT_MAX_MS,
+        // Entries are batches of many commands; bound how many go in one RPC.
+        max_payload_entries: 32,
+        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(settings.snapshot_logs),
+        max_in_snapshot_log_to_keep: 1000,
+        ..Default::default()
+    };
+    Ok(config.validate()?)
+}
+
+/// Starts a node and runs it until a signal (graceful shutdown) or a fatal error.
+pub async fn run(settings: Settings) -> anyhow::Result<()> {
+    let datadir = DataDir::open(&settings.data, &settings.cluster_id, settings.id)?;
+    let db = store::open_db(&datadir.db_path()).with_context(|| {
+        format!(
+            "cannot open the database in {}; if it is corrupt, move the directory aside and let the node rejoin empty",
+            datadir.db_path().display()
+        )
+    })?;
+    let sm = SmShared::open(db.clone(), datadir.snapshot_dir())?;
+    let log_store = LogStore::new(db.clone());
+    let committed = log_store.committed_index();
+    let network = Network::new(
+        settings.cluster_secret.clone().into(),
+        settings.raft_body_limit as u64,
+    );
+    let raft = Raft::new(
+        settings.id,
+        Arc::new(raft_config(&settings)?),
+        network,
+        log_store,
+        StateMachineStore::new(sm.clone()),
+    )
+    .await
+    .context("starting Raft")?;
+
+    let listener = tokio::net::TcpListener::bind(settings.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", settings.listen))?;
+    let proposer = Proposer::start(raft.clone(), ProposerLimits::default());
+    let (shutdown_tx, _) = watch::channel(false);
+    let node: AppState = Arc::new(Node {
+        id: settings.id,
+        settings: settings.clone(),
+        raft: raft.clone(),
+        sm,
+        proposer,
+        committed,
+        shutdown_tx,
+        writes_in_flight: AtomicUsize::new(0),
+        stopping_raft: AtomicBool::new(false),
+    });
+    tracing::info!(
+        id = settings.id,
+        listen = %settings.listen,
+        url = settings.own_url(),
+        cluster = %settings.cluster_id,
+        data = %settings.data.display(),
+        "raftq node started"
+    );
+
+    let app = crate::api::router(node.clone()).merge(crate::raft::rpc::router(node.clone()));
+    let (server_stop_tx, mut server_stop_rx) = watch::channel(false);
+    let server = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = server_stop_rx.wait_for(|s| *s).await;
+            })
+            .await
+    });
+
+    tokio::spawn(bootstrap(node.clone()));
+    let fatal = watch_fatal(node.clone());
+
+    tokio::select! {
+        sig = wait_for_signal() => tracing::info!(signal = sig, "shutdown requested"),
+        msg = fatal => {
+            // Storage or Raft failed: the node must not keep serving (it could diverge).
+            tracing::error!("{msg}; stopping the node");
+            let _ = db.flush_wal(true);
+            std::process::exit(70);
+        }
+    }
+    shutdown(node, server_stop_tx, server, db, datadir).await;
+    Ok(())
+}
+
+/// Resolves when Raft stops for any reason other than our own shutdown.
+async fn watch_fatal(node: AppState) -> String {
+    let mut rx = node.raft.metrics();
+    loop {
+        if let Err(fatal) = &rx.borrow().running_state {
+            if !node.stopping_raft.load(Ordering::SeqCst) {
+                return format!("Raft stopped with a fatal error: {fatal}");
+            }
+        }
+        if rx.changed().await.is_err() {
+            if node.stopping_raft.load(Ordering::SeqCst) {
+                std::future::pending::<()>().await;
+            }
+            return "Raft stopped unexpectedly".to_string();
+        }
+    }
+}
+
+async fn wait_for_signal() -> &'static str {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        // Without signal handlers we can only run until killed.
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    }
+}
+
+/// Forms a new cluster: when no node has Raft state, the node with the lowest id initializes
+/// it with every peer as a voter. Restarted nodes already have state and skip this.
+async fn bootstrap(node: AppState) {
+    let lowest = node.settings.peers.keys().next().copied();
+    if lowest != Some(node.id) {
+        return;
+    }
+    if !matches!(node.raft.is_initialized().await, Ok(false)) {
+        return;
+    }
+    let http = reqwest::Client::new();
+    for (id, url) in node.settings.peers.iter().filter(|(id, _)| **id != node.id) {
+        let resp = http
+            .get(format!("{url}/raft/status"))
+            .header(SECRET_HEADER, &node.settings.cluster_secret)
+            .timeout(Duration::from_secs(1))
+            .send()
+            .await;
+        if let Ok(r) = resp {
+            let v: serde_json::Value = r.json().await.unwrap_or_default();
+            if v["initialized"] == serde_json::Value::Bool(true) {
+                tracing::info!(
+                    peer = id,
+                    "peer already has cluster state; not initializing"
+                );
+                return;
+            }
+        }
+    }
+    let members: BTreeMap<NodeId, BasicNode> = node
+        .settings
+        .peers
+        .iter()
+        .map(|(id, url)| (*id, BasicNode::new(url)))
+        .collect();
+    match node.raft.initialize(members).await {
+        Ok(()) => {
+            tracing::info!(voters = ?node.settings.peers.keys().collect::<Vec<_>>(), "initialized a new cluster")
+        }
+        Err(e) => tracing::info!("cluster initialization skipped: {e}"),
+    }
+}
+
+async fn shutdown(
+    node: AppState,
+    server_stop: watch::Sender<bool>,
+    server: tokio::task::JoinHandle<std::io::Result<()>>,
+    db: Arc<rocksdb::DB>,
+    datadir: DataDir,
+) {
+    let started = Instant::now();
+    let deadline = started + node.settings.shutdown_timeout;
+    let was_leader = node.leader().is_some_and(|(id, _)| id == node.id);
+    node.shutdown_tx.send_replace(true);
+
+    // Let writes already proposed get their answer (bounded by the write timeout anyway).
+    let drain_until = (Instant::now() + node.settings.write_timeout).min(deadline);
+    while node.writes_in_flight.load(Ordering::SeqCst) > 0 && Instant::now() < drain_until {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    let successor = if was_leader {
+        wait_followers_caught_up(&node, deadline).await;
+        most_up_to_date_follower(&node)
+    } else {
+        None
+    };
+
+    node.stopping_raft.store(true, Ordering::SeqCst);
+    let remaining = deadline.saturating_duration_since(Instant::now());
+    if tokio::time::timeout(remaining, node.raft.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("Raft did not stop within the shutdown timeout");
+    }
+    let raft_stopped = Instant::now();
+    if let Some((id, url)) = successor {
+        hand_over(&node, id, &url, raft_stopped, deadline).await;
+    }
+    // Keep answering `shutting_down` a moment, so clients on open connections get a definite
+    // answer rather than a reset.
+    tokio::time::sleep_until((started + SHUTDOWN_LINGER).min(deadline).into()).await;
+    server_stop.send_replace(true);
+    let remaining = deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(500));
+    if tokio::time::timeout(remaining, server).await.is_err() {
+        tracing::warn!("HTTP connections still open at the shutdown timeout; closing them");
+    }
+    // Durable close: WAL fsynced, memtables flushed, then the database is closed.
+    if let Err(e) = db.flush_wal(true) {
+        tracing::error!("flushing the WAL at shutdown failed: {e}");
+    }
+    for cf in [store::CF_LOG, store::CF_RAFT, store::CF_SM] {
+        if let Some(h) = db.cf_handle(cf) {
+            if let Err(e) = db.flush_cf(h) {
+                tracing::warn!("flushing column family {cf} at shutdown failed: {e}");
+            }
+        }
+    }
+    drop(node);
+    drop(db);
+    drop(datadir);
+    tracing::info!(
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        was_leader,
+        "shutdown complete"
+    );
+}
+
+/// How long a stopping node keeps answering `shutting_down` before closing its listener.
+const SHUTDOWN_LINGER: Duration = Duration::from_millis(250);
+
+/// The follower with the most of the log, to hand leadership to.
+fn most_up_to_date_follower(node: &Node) -> Option<(NodeId, String)> {
+    let m = node.raft.metrics().borrow().clone();
+    let membership = m.membership_config.membership();
+    let voters: Vec<NodeId> = membership.voter_ids().filter(|id| *id != node.id).collect();
+    let repl = m.replication.as_ref()?;
+    let best = voters
+        .into_iter()
+        .max_by_key(|id| repl.get(id).copied().flatten().map(|l| l.index))?;
+    Some((best, membership.get_node(&best)?.addr.clone()))
+}
+
+/// Hands leadership over: once the followers' leader lease on the stopped leader has lapsed
+/// (no vote is granted before that), ask the most up-to-date follower to start an election
+/// at once, rather than leave the cluster to its randomized election timeouts.
+async fn hand_over(node: &Node, id: NodeId, url: &str, raft_stopped: Instant, deadline: Instant) {
+    let lease_lapsed = raft_stopped + Duration::from_millis(ELECTION_TIMEOUT_MAX_MS + 50);
+    if lease_lapsed >= deadline {
+        return;
+    }
+    tokio::time::sleep_until(lease_lapsed.into()).await;
+    let result = reqwest::Client::new()
+        .post(format!("{url}/raft/elect"))
+        .header(SECRET_HEADER, &node.settings.cluster_secret)
+        .timeout(
+            deadline
+                .saturating_duration_since(Instant::now())
+                .min(Duration::from_secs(2)),
+        )
+        .send()
+        .await;
+    match result {
+        Ok(r) if r.status().is_success() => {
+            tracing::info!(successor = id, "asked node {id} to take over leadership")
+        }
+        Ok(r) => tracing::warn!(successor = id, status = %r.status(), "hand-over request refused"),
+        Err(e) => tracing::warn!(successor = id, "hand-over request failed: {e}"),
+    }
+}
+
+/// On the leader: wait until every voter has replicated the whole log (bounded), so handing
+/// over loses nothing and the next leader can be elected without catching up.
+async fn wait_followers_caught_up(node: &Node, deadline: Instant) {
+    let mut rx = node.raft.metrics();
+    let bound = (Instant::now() + Duration::from_secs(3)).min(deadline);
+    loop {
+        let done = {
+            let m = rx.borrow();
+            let last = m.last_log_index;
+            match &m.replication {
+                Some(repl) => repl
+                    .iter()
+                    .all(|(_, matched)| matched.map(|l| l.index) >= last),
+                None => true,
+            }
+        };
+        if done {
+            return;
+        }
+        let left = bound.saturating_duration_since(Instant::now());
+        if left.is_zero() || tokio::time::timeout(left, rx.changed()).await.is_err() {
+            tracing::warn!("followers not fully caught up at leader shutdown");
+            return;
+        }
+    }
+}

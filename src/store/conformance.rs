@@ -1,0 +1,24 @@
+//! openraft's storage conformance suite, run against our RocksDB log and state machine.
+
+use openraft::testing::{StoreBuilder, Suite};
+use openraft::StorageError;
+use tempfile::TempDir;
+
+use super::{open_db, LogStore, SmShared, StateMachineStore};
+use crate::raft::{NodeId, TypeConfig};
+
+struct Builder;
+
+impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, TempDir> for Builder {
+    async fn build(&self) -> Result<(TempDir, LogStore, StateMachineStore), StorageError<NodeId>> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = open_db(&dir.path().join("db")).expect("open db");
+        let sm = SmShared::open(db.clone(), dir.path().join("snapshots")).expect("open sm");
+        Ok((dir, LogStore::new(db), StateMachineStore::new(sm)))
+    }
+}
+
+#[test]
+fn openraft_storage_suite() -> Result<(), StorageError<NodeId>> {
+    Suite::test_all(Builder)
+}

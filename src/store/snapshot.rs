@@ -1,0 +1,315 @@
+//! Snapshot files: the `sm` column family as of one applied index, in one checksummed file.
+//!
+//! Layout (all integers little-endian):
+//! `b"RAFTQSNP"`, `u32` format version, `u64` meta length, meta (codec-encoded
+//! [`SnapshotMeta`]), then key/value pairs as `u32` key length, key, `u32` value length,
+//! value; then `u32::MAX`, the `u64` pair count, and a `u32` CRC-32 of every byte before it.
+//!
+//! A snapshot is written to `NAME.tmp`, fsynced, renamed to `NAME`, and the directory is
+//! fsynced: a crash at any step leaves the old snapshot or the new one, never a torn one.
+//! Files are read through a streaming reader and never held in memory whole.
+
+use std::fs::{self, File};
+use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+
+use crc32fast::Hasher;
+use rocksdb::{IteratorMode, ReadOptions, WriteBatch, WriteOptions, DB};
+
+use super::datadir::sync_dir;
+use super::{keys, CF_SM};
+use crate::codec;
+use crate::raft::{LogId, SnapshotMeta, StoredMembership};
+
+const MAGIC: &[u8; 8] = b"RAFTQSNP";
+/// Current snapshot format. Unknown versions are refused with a clear error.
+pub const FORMAT_VERSION: u32 = 1;
+const END_MARK: u32 = u32::MAX;
+/// Upper bound for one key or value in a snapshot (a record is at most 16 MiB plus framing).
+const MAX_ITEM: u32 = 64 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    #[error("snapshot I/O: {0}")]
+    Io(#[from] io::Error),
+    #[error("snapshot is not a raftq snapshot (bad magic)")]
+    BadMagic,
+    #[error("snapshot has format version {0}; this raftq reads version {FORMAT_VERSION}")]
+    UnknownVersion(u32),
+    #[error("snapshot is corrupt: {0}")]
+    Corrupt(String),
+    #[error("storage: {0}")]
+    Db(#[from] rocksdb::Error),
+}
+
+/// Writes the bytes it is given to `inner` and folds them into a CRC.
+struct CrcWriter<W> {
+    inner: W,
+    crc: Hasher,
+    bytes: u64,
+}
+
+impl<W: Write> Write for CrcWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.crc.update(&buf[..n]);
+        self.bytes += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// Reads from `inner`, folding every byte into a CRC.
+struct CrcReader<R> {
+    inner: R,
+    crc: Hasher,
+}
+
+impl<R: Read> Read for CrcReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.crc.update(&buf[..n]);
+        Ok(n)
+    }
+}
+
+fn read_u32(r: &mut impl Read) -> io::Result<u32> {
+    let mut b = [0u8; 4];
+    r.read_exact(&mut b)?;
+    Ok(u32::from_le_bytes(b))
+}
+
+fn read_u64(r: &mut impl Read) -> io::Result<u64> {
+    let mut b = [0u8; 8];
+    r.read_exact(&mut b)?;
+    Ok(u64::from_le_bytes(b))
+}
+
+fn read_item(r: &mut impl Read, len: u32) -> Result<Vec<u8>, SnapshotError> {
+    if len > MAX_ITEM {
+        return Err(SnapshotError::Corrupt(format!(
+            "item of {len} bytes exceeds the limit"
+        )));
+    }
+    let mut v = vec![0u8; len as usize];
+    r.read_exact(&mut v)?;
+    Ok(v)
+}
+
+/// The final file name of a snapshot.
+pub fn file_name(meta: &SnapshotMeta) -> String {
+    format!("snap-{}.snap", meta.snapshot_id)
+}
+
+/// Builds a snapshot of the `sm` column family from a consistent RocksDB view (apply may go
+/// on meanwhile) and writes it durably into `dir`. Returns its meta, path and size.
+pub fn build(
+    db: &DB,
+    dir: &Path,
+    id_suffix: u64,
+) -> Result<(SnapshotMeta, PathBuf, u64), SnapshotError> {
+    fs::create_dir_all(dir)?;
+    let cf = db
+        .cf_handle(CF_SM)
+        .ok_or_else(|| SnapshotError::Corrupt("column family sm missing".into()))?;
+    let view = db.snapshot();
+    let get = |key: &[u8]| view.get_cf(cf, key);
+    let last_log_id: Option<LogId> = match get(keys::APPLIED)? {
+        Some(b) => codec::decode(&b).map_err(|e| SnapshotError::Corrupt(e.to_string()))?,
+        None => None,
+    };
+    let membership: StoredMembership = match get(keys::MEMBERSHIP)? {
+        Some(b) => codec::decode(&b).map_err(|e| SnapshotError::Corrupt(e.to_string()))?,
+        None => StoredMembership::default(),
+    };
+    let index = last_log_id.map_or(0, |l| l.index);
+    let meta = SnapshotMeta {
+        last_log_id,
+        last_membership: membership,
+        snapshot_id: format!("{index:020}-{id_suffix}"),
+    };
+    let name = file_name(&meta);
+    let tmp = dir.join(format!("{name}.tmp"));
+    let mut w = CrcWriter {
+        inner: BufWriter::new(File::create(&tmp)?),
+        crc: Hasher::new(),
+        bytes: 0,
+    };
+    let meta_bytes = codec::encode(&meta).map_err(|e| SnapshotError::Corrupt(e.to_string()))?;
+    w.write_all(MAGIC)?;
+    w.write_all(&FORMAT_VERSION.to_le_bytes())?;
+    w.write_all(&(meta_bytes.len() as u64).to_le_bytes())?;
+    w.write_all(&meta_bytes)?;
+    let mut opts = ReadOptions::default();
+    opts.set_snapshot(&view);
+    let mut count = 0u64;
+    for item in db.iterator_cf_opt(cf, opts, IteratorMode::Start) {
+        let (k, v) = item?;
+        w.write_all(&(k.len() as u32).to_le_bytes())?;
+        w.write_all(&k)?;
+        w.write_all(&(v.len() as u32).to_le_bytes())?;
+        w.write_all(&v)?;
+        count += 1;
+    }
+    w.write_all(&END_MARK.to_le_bytes())?;
+    w.write_all(&count.to_le_bytes())?;
+    let crc = w.crc.clone().finalize();
+    let mut inner = w.inner.into_inner().map_err(|e| e.into_error())?;
+    inner.write_all(&crc.to_le_bytes())?;
+    inner.sync_all()?;
+    let bytes = w.bytes + 4;
+    drop(inner);
+    let path = dir.join(&name);
+    fs::rename(&tmp, &path)?;
+    sync_dir(dir)?;
+    Ok((meta, path, bytes))
+}
+
+/// Reads a snapshot stream through to the end, checking magic, version, framing, count and
+/// checksum; calls `pair` for every key/value. Returns the meta.
+pub fn read(
+    r: impl Read,
+    mut pair: impl FnMut(Vec<u8>, Vec<u8>) -> Result<(), SnapshotError>,
+) -> Result<SnapshotMeta, SnapshotError> {
+    let mut r = CrcReader {
+        inner: BufReader::new(r),
+        crc: Hasher::new(),
+    };
+    let mut magic = [0u8; 8];
+    r.read_exact(&mut magic)?;
+    if &magic != MAGIC {
+        return Err(SnapshotError::BadMagic);
+    }
+    let version = read_u32(&mut r)?;
+    if version != FORMAT_VERSION {
+        return Err(SnapshotError::UnknownVersion(version));
+    }
+    let meta_len = read_u64(&mut r)?;
+    if meta_len > MAX_ITEM as u64 {
+        return Err(SnapshotError::Corrupt(format!("meta of {meta_len} bytes")));
+    }
+    let meta_bytes = read_item(&mut r, meta_len as u32)?;
+    let meta: SnapshotMeta =
+        codec::decode(&meta_bytes).map_err(|e| SnapshotError::Corrupt(format!("meta: {e}")))?;
+    let mut count = 0u64;
+    loop {
+        let klen = read_u32(&mut r)?;
+        if klen == END_MARK {
+            break;
+        }
+        let k = read_item(&mut r, klen)?;
+        let vlen = read_u32(&mut r)?;
+        let v = read_item(&mut r, vlen)?;
+        pair(k, v)?;
+        count += 1;
+    }
+    let want = read_u64(&mut r)?;
+    if want != count {
+        return Err(SnapshotError::Corrupt(format!(
+            "{count} pairs, trailer says {want}"
+        )));
+    }
+    let computed = r.crc.clone().finalize();
+    let stored = read_u32(&mut r.inner)?;
+    if stored != computed {
+        return Err(SnapshotError::Corrupt("checksum mismatch".into()));
+    }
+    let mut rest = [0u8; 1];
+    if r.inner.read(&mut rest)? != 0 {
+        return Err(SnapshotError::Corrupt("bytes after the checksum".into()));
+    }
+    Ok(meta)
+}
+
+/// Checks a whole snapshot file and returns its meta.
+pub fn verify(path: &Path) -> Result<SnapshotMeta, SnapshotError> {
+    read(File::open(path)?, |_, _| Ok(()))
+}
+
+/// Copies a received snapshot stream into `dir` durably after checking it whole. Returns the
+/// meta and the final path.
+pub fn store_received(
+    src: &mut File,
+    dir: &Path,
+) -> Result<(SnapshotMeta, PathBuf), SnapshotError> {
+    use std::io::Seek;
+    fs::create_dir_all(dir)?;
+    src.seek(io::SeekFrom::Start(0))?;
+    let meta = read(&mut *src, |_, _| Ok(()))?;
+    let name = file_name(&meta);
+    let tmp = dir.join(format!("{name}.tmp"));
+    src.seek(io::SeekFrom::Start(0))?;
+    let mut out = File::create(&tmp)?;
+    io::copy(src, &mut out)?;
+    out.sync_all()?;
+    drop(out);
+    let path = dir.join(&name);
+    fs::rename(&tmp, &path)?;
+    sync_dir(dir)?;
+    Ok((meta, path))
+}
+
+/// Replaces the whole `sm` column family with the snapshot at `path`, in one synced batch.
+pub fn load_into(db: &DB, path: &Path) -> Result<SnapshotMeta, SnapshotError> {
+    let cf = db
+        .cf_handle(CF_SM)
+        .ok_or_else(|| SnapshotError::Corrupt("column family sm missing".into()))?;
+    let mut batch = WriteBatch::default();
+    batch.delete_range_cf(cf, [0u8].as_slice(), [0xffu8; 32].as_slice());
+    let meta = read(File::open(path)?, |k, v| {
+        batch.put_cf(cf, k, v);
+        Ok(())
+    })?;
+    let mut w = WriteOptions::default();
+    w.set_sync(true);
+    db.write_opt(batch, &w)?;
+    Ok(meta)
+}
+
+/// The newest complete snapshot in `dir`, if any; removes leftovers of interrupted writes.
+pub fn newest(dir: &Path) -> Result<Option<(SnapshotMeta, PathBuf)>, SnapshotError> {
+    let entries = match fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let mut best: Option<(SnapshotMeta, PathBuf)> = None;
+    for entry in entries {
+        let path = entry?.path();
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default()
+            .to_string();
+        if name.ends_with(".tmp") {
+            // A write or a receive that never finished: never used, safe to drop.
+            let _ = fs::remove_file(&path);
+            continue;
+        }
+        if !name.ends_with(".snap") {
+            continue;
+        }
+        let meta = verify(&path)?;
+        if best
+            .as_ref()
+            .is_none_or(|(b, _)| meta.last_log_id > b.last_log_id)
+        {
+            best = Some((meta, path));
+        }
+    }
+    Ok(best)
+}
+
+/// Removes every snapshot file in `dir` except `keep`.
+pub fn remove_others(dir: &Path, keep: &Path) {
+    if let Ok(entries) = fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path != keep && path.extension().is_some_and(|e| e == "snap") {
+                let _ = fs::remove_file(path);
+            }
+        }
+    }
+}
