@@ -511,6 +511,73 @@ async fn long_poll_answers_on_commit_not_at_timeout() {
     }
 }
 
+/// A leader that lost its followers keeps believing it leads (openraft does not step down on
+/// its own). Once it has not heard from a quorum for an election timeout, it must refuse
+/// writes at once with a definite 503 `no_leader` (not proposed, nothing changes) and report
+/// itself not ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_without_quorum_refuses_writes_and_is_not_ready() {
+    let c = Cluster::start(3).await;
+    let topic = "lonely";
+    c.create_topic(topic).await;
+    c.publish_values(topic, &["l/0".to_string()]).await;
+    c.wait_converged(topic).await;
+    let leader = c.leader_id().await;
+    for id in c.running_ids().into_iter().filter(|id| *id != leader) {
+        c.kill(id);
+    }
+
+    let cl = &c;
+    c.wait_for(
+        "the isolated leader to report itself not ready",
+        Duration::from_secs(10),
+        move || async move {
+            let resp = cl
+                .http()
+                .get(format!("{}/readyz", cl.url(leader)))
+                .send()
+                .await
+                .map_err(|e| e.to_string())?;
+            Cluster::check_problem(resp, 503, "no_leader")
+                .await
+                .map(|_| ())
+        },
+    )
+    .await;
+
+    let resp = c
+        .send(
+            c.http()
+                .post(format!("{}/v1/topics/{topic}/records", c.url(leader)))
+                .json(&records_of(&["l/refused"])),
+            "publish to a leader without quorum",
+        )
+        .await;
+    let (_, headers) = c
+        .expect_problem(resp, 503, "no_leader", "publish to a leader without quorum")
+        .await;
+    assert!(
+        headers.get(RETRY_AFTER).is_some(),
+        "no_leader carries Retry-After"
+    );
+    let info = c.topic(leader, topic).await.unwrap_or_else(|e| c.fail(&e));
+    assert_eq!(
+        info.summary.next_offset, 1,
+        "a refused write changed the topic: {info:?}"
+    );
+
+    // Once the followers are back the write goes through, and the refused value never appears.
+    for id in c.ids().into_iter().filter(|id| *id != leader) {
+        c.restart(id).await;
+    }
+    c.wait_leader(Duration::from_secs(20)).await;
+    c.publish_values(topic, &["l/1".to_string()]).await;
+    c.wait_converged(topic).await;
+    let log = c.consistent_log(topic).await;
+    let got: Vec<Option<&str>> = log.iter().map(|r| r.value.as_deref()).collect();
+    assert_eq!(got, vec![Some("l/0"), Some("l/1")]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_quorum_nothing_is_acknowledged_or_visible() {
     let c = Cluster::start(3).await;

@@ -73,6 +73,16 @@ async fn leader_sigterm_under_load_exits_zero_and_loses_nothing() {
     // Clients carry on: a new leader, and publishing resumes through the same SDK client.
     let new = c.wait_leader(Duration::from_secs(20)).await;
     assert_ne!(new, old);
+    // The old leader handed over: it asked one of its followers to take over.
+    let log_old = c.log_since_last_start(old);
+    assert!(
+        c.ids()
+            .into_iter()
+            .filter(|id| *id != old)
+            .any(|id| log_old.contains(&format!("asked node {id} to take over leadership"))),
+        "the leader did not hand over to a follower on SIGTERM:\n{}",
+        common::tail(&log_old, 20)
+    );
     wait_acks(&c, &load, acked_at_term + 150, Duration::from_secs(30)).await;
     load.stop();
     let histories = load.finish(&c, Duration::from_secs(40)).await;

@@ -18,6 +18,7 @@ use super::network::SECRET_HEADER;
 use crate::api::error::ApiError;
 use crate::codec;
 use crate::node::AppState;
+use crate::raft::Raft;
 
 /// Constant-time comparison, so a wrong secret's timing says nothing about the right one.
 pub fn secret_matches(given: &[u8], expected: &[u8]) -> bool {
@@ -59,34 +60,53 @@ fn reply<T: Serialize>(value: &T) -> Response {
     }
 }
 
-async fn append(
-    State(state): State<AppState>,
+/// Authorizes, decodes the request, runs the Raft call and encodes its result.
+async fn serve_rpc<Req, Resp, Fut>(
+    state: AppState,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
+    call: impl FnOnce(Raft, Req) -> Fut,
+) -> Result<Response, ApiError>
+where
+    Req: DeserializeOwned,
+    Resp: Serialize,
+    Fut: std::future::Future<Output = Resp>,
+{
     authorize(&state, &headers)?;
     let req = decode(&state, &body?)?;
-    Ok(reply(&state.raft.append_entries(req).await))
+    Ok(reply(&call(state.raft.clone(), req).await))
+}
+
+type RpcBody = Result<Bytes, BytesRejection>;
+
+async fn append(
+    State(s): State<AppState>,
+    h: HeaderMap,
+    body: RpcBody,
+) -> Result<Response, ApiError> {
+    serve_rpc(s, h, body, |raft, req| async move {
+        raft.append_entries(req).await
+    })
+    .await
 }
 
 async fn vote(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    State(s): State<AppState>,
+    h: HeaderMap,
+    body: RpcBody,
 ) -> Result<Response, ApiError> {
-    authorize(&state, &headers)?;
-    let req = decode(&state, &body?)?;
-    Ok(reply(&state.raft.vote(req).await))
+    serve_rpc(s, h, body, |raft, req| async move { raft.vote(req).await }).await
 }
 
 async fn snapshot(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    State(s): State<AppState>,
+    h: HeaderMap,
+    body: RpcBody,
 ) -> Result<Response, ApiError> {
-    authorize(&state, &headers)?;
-    let req = decode(&state, &body?)?;
-    Ok(reply(&state.raft.install_snapshot(req).await))
+    serve_rpc(s, h, body, |raft, req| async move {
+        raft.install_snapshot(req).await
+    })
+    .await
 }
 
 /// Starts an election on this node now. A leader that shuts down asks its most up-to-date
