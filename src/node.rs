@@ -75,6 +75,11 @@ impl Node {
         Some((id, url))
     }
 
+    /// Whether this node believes it leads.
+    pub fn is_leader(&self) -> bool {
+        self.raft.metrics().borrow().current_leader == Some(self.id)
+    }
+
     /// Whether this node leads and has heard from a quorum recently. A leader cut off from
     /// its followers keeps believing it leads (openraft does not step down on its own); it
     /// must not take writes that can only time out, nor report itself ready.
@@ -224,6 +229,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     });
 
     tokio::spawn(bootstrap(node.clone()));
+    tokio::spawn(ticker(node.clone()));
     let fatal = watch_fatal(node.clone());
 
     tokio::select! {
@@ -269,6 +275,51 @@ async fn wait_for_signal() -> &'static str {
     tokio::select! {
         _ = term.recv() => "SIGTERM",
         _ = int.recv() => "SIGINT",
+    }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// On the leader: proposes a tick entry when a lease expires or a nack delay ends and nothing
+/// else moved the clock past it, so expired records become available again (and waiting pulls
+/// are answered) without a client write. Time in the state machine stays the leader's
+/// stamped time; this task only decides when to stamp.
+async fn ticker(node: AppState) {
+    let mut applied = node.sm.subscribe_applied();
+    let mut shutdown = node.shutdown_rx();
+    loop {
+        applied.borrow_and_update();
+        let next_due = node.sm.view().state.next_due();
+        let now = now_ms();
+        let wait = match next_due {
+            Some(due) if due <= now && node.is_leader() && node.leads_with_quorum() => {
+                match node
+                    .proposer
+                    .propose(Command::Tick, node.settings.write_timeout)
+                    .await
+                {
+                    // The tick settled everything due up to its time; look again at once.
+                    Ok(_) => continue,
+                    Err(e) => {
+                        tracing::debug!("tick not committed: {e:?}");
+                        Duration::from_millis(HEARTBEAT_MS)
+                    }
+                }
+            }
+            // Due, but another node leads: its tick will arrive as an applied entry.
+            Some(due) if due <= now => Duration::from_millis(HEARTBEAT_MS),
+            Some(due) => Duration::from_millis(due - now),
+            None => Duration::from_secs(1),
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(wait.min(Duration::from_secs(1))) => {}
+            _ = applied.changed() => {}
+            _ = shutdown.changed() => return,
+        }
     }
 }
 

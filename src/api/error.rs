@@ -114,6 +114,7 @@ impl From<ApplyError> for ApiError {
     fn from(e: ApplyError) -> Self {
         let code = match &e {
             ApplyError::TopicNotFound(_) => ErrorCode::TopicNotFound,
+            ApplyError::SubscriptionNotFound(..) => ErrorCode::SubscriptionNotFound,
             ApplyError::AlreadyExists(_) => ErrorCode::AlreadyExists,
             ApplyError::InvalidArgument(_) => ErrorCode::InvalidArgument,
             ApplyError::RecordTooLarge(_) => ErrorCode::PayloadTooLarge,

@@ -3,12 +3,13 @@
 pub mod cluster;
 pub mod error;
 pub mod records;
+pub mod subscriptions;
 pub mod topics;
 
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, put};
+use axum::routing::{get, post, put};
 use axum::Router;
 
 use self::error::ApiError;
@@ -25,6 +26,33 @@ pub fn router(state: AppState) -> Router {
         .route(
             "/v1/topics/{topic}/records",
             get(records::read).post(records::publish),
+        )
+        .route("/v1/topics/{topic}/subscriptions", get(subscriptions::list))
+        .route(
+            "/v1/topics/{topic}/subscriptions/{sub}",
+            put(subscriptions::create)
+                .get(subscriptions::get)
+                .delete(subscriptions::delete),
+        )
+        .route(
+            "/v1/topics/{topic}/subscriptions/{sub}/pull",
+            post(subscriptions::pull),
+        )
+        .route(
+            "/v1/topics/{topic}/subscriptions/{sub}/ack",
+            post(subscriptions::ack),
+        )
+        .route(
+            "/v1/topics/{topic}/subscriptions/{sub}/nack",
+            post(subscriptions::nack),
+        )
+        .route(
+            "/v1/topics/{topic}/subscriptions/{sub}/extend",
+            post(subscriptions::extend),
+        )
+        .route(
+            "/v1/topics/{topic}/subscriptions/{sub}/cursor",
+            put(subscriptions::cursor),
         )
         .route("/v1/cluster", get(cluster::status))
         .layer(middleware::from_fn_with_state(state.clone(), shutdown_gate))

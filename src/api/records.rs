@@ -9,15 +9,16 @@ use axum::http::{header, HeaderMap, Uri};
 use axum::Json;
 use base64::Engine as _;
 use raftq_client::api::{
-    CommitPoint, PublishRequest, PublishResponse, ReadFrom, ReadResponse, Record, RecordIn,
-    MAX_BATCH_RECORDS, MAX_READ_RECORDS, MAX_WAIT_MS,
+    CommitPoint, ErrorCode, PublishRequest, PublishResponse, ReadFrom, ReadResponse, Record,
+    RecordIn, MAX_BATCH_RECORDS, MAX_READ_RECORDS, MAX_WAIT_MS,
 };
 
 use super::error::ApiError;
 use super::{check_name, parse_json, TopicName};
 use crate::node::AppState;
 use crate::state::{
-    record_size, Command, NewRecord, Outcome, Publish, StoredRecord, DEFAULT_MAX_RECORD_BYTES,
+    record_size, Command, NewRecord, Outcome, Publish, SetCursor, StoredRecord, SubRef,
+    DEFAULT_MAX_RECORD_BYTES,
 };
 
 /// Default and upper bound of `max_bytes` on a read.
@@ -215,14 +216,19 @@ fn read_params(raw: &Option<String>) -> Result<ReadParams, ApiError> {
     Ok(p)
 }
 
-fn to_api(offset: u64, r: StoredRecord) -> Record {
-    let (value, value_b64) = match String::from_utf8(r.value) {
+/// A stored value as the API shows it: `value` when it is UTF-8, `value_b64` otherwise.
+pub fn api_value(value: Vec<u8>) -> (Option<String>, Option<String>) {
+    match String::from_utf8(value) {
         Ok(text) => (Some(text), None),
         Err(e) => (
             None,
             Some(base64::engine::general_purpose::STANDARD.encode(e.as_bytes())),
         ),
-    };
+    }
+}
+
+fn to_api(offset: u64, r: StoredRecord) -> Record {
+    let (value, value_b64) = api_value(r.value);
     Record {
         offset,
         timestamp_ms: r.timestamp_ms,
@@ -233,28 +239,70 @@ fn to_api(offset: u64, r: StoredRecord) -> Record {
     }
 }
 
+/// With `subscription`: where the read starts. Without `from`, at the cursor; with `from`
+/// above the cursor, the cursor first moves forward to it (a write, through Raft).
+async fn subscription_start(
+    node: &AppState,
+    uri: &Uri,
+    topic: &str,
+    sub: &str,
+    from: Option<ReadFrom>,
+) -> Result<u64, ApiError> {
+    let (cursor, target) = {
+        let view = node.sm.view();
+        let meta = view
+            .state
+            .topics
+            .get(topic)
+            .ok_or_else(|| ApiError::topic_not_found(topic))?;
+        let state = view.state.sub(topic, sub).ok_or_else(|| {
+            ApiError::new(
+                ErrorCode::SubscriptionNotFound,
+                format!("subscription {sub:?} does not exist on topic {topic:?}"),
+            )
+        })?;
+        let hw = meta.next_offset;
+        let target = match from {
+            None => state.cursor,
+            Some(ReadFrom::Offset(n)) => n,
+            Some(ReadFrom::First) => meta.first_offset,
+            Some(ReadFrom::Last) => hw.saturating_sub(1).max(meta.first_offset),
+            Some(ReadFrom::Next) => hw,
+        };
+        (state.cursor, target)
+    };
+    if target > cursor {
+        let cmd = Command::SetCursor(SetCursor {
+            sub: SubRef {
+                topic: topic.to_string(),
+                name: sub.to_string(),
+            },
+            offset: target,
+            allow_backward: false,
+            forward_only: true,
+        });
+        node.propose(uri, cmd).await?;
+    }
+    Ok(target)
+}
+
 /// Serves committed records only: apply runs after commit, and records become visible to
 /// readers when their entry is applied. Any node serves reads from its own applied state.
 pub async fn read(
     State(node): State<AppState>,
     TopicName(topic): TopicName,
     RawQuery(raw): RawQuery,
+    uri: Uri,
 ) -> Result<Json<ReadResponse>, ApiError> {
     let p = read_params(&raw)?;
-    if let Some(sub) = &p.subscription {
-        // Subscriptions are not part of this server version yet: none can exist.
-        return Err(ApiError::new(
-            raftq_client::api::ErrorCode::SubscriptionNotFound,
-            format!("subscription {sub:?} does not exist on topic {topic:?}"),
-        ));
-    }
     let deadline = tokio::time::Instant::now() + p.wait;
     let mut applied = node.sm.subscribe_applied();
     let mut shutdown = node.shutdown_rx();
     // `next` means "after the call": pin it to the high watermark seen first.
-    let mut start: Option<u64> = match p.from {
-        Some(ReadFrom::Offset(n)) => Some(n),
-        _ => None,
+    let mut start: Option<u64> = match (&p.subscription, p.from) {
+        (Some(sub), from) => Some(subscription_start(&node, &uri, &topic, sub, from).await?),
+        (None, Some(ReadFrom::Offset(n))) => Some(n),
+        (None, _) => None,
     };
     loop {
         applied.borrow_and_update();

@@ -11,7 +11,7 @@ use raftq_client::api::{CommitPoint, Retention, TopicConfig, TopicInfo, TopicLis
 use super::error::ApiError;
 use super::{parse_json, TopicName};
 use crate::node::AppState;
-use crate::state::{Command, CreateTopic, DeleteTopic, Outcome, TopicMeta, TopicSettings};
+use crate::state::{Command, CreateTopic, DeleteTopic, Outcome, SmState, TopicMeta, TopicSettings};
 
 fn settings_from_api(c: &TopicConfig) -> TopicSettings {
     TopicSettings {
@@ -33,14 +33,14 @@ fn config_to_api(s: &TopicSettings) -> TopicConfig {
     }
 }
 
-pub fn summary(name: &str, meta: &TopicMeta) -> TopicSummary {
+pub fn summary(state: &SmState, name: &str, meta: &TopicMeta) -> TopicSummary {
     TopicSummary {
         name: name.to_string(),
         first_offset: meta.first_offset,
         next_offset: meta.next_offset,
         records: meta.records(),
         bytes: meta.bytes,
-        subscriptions: 0,
+        subscriptions: state.subs_of(name).count() as u64,
     }
 }
 
@@ -52,7 +52,7 @@ fn info(node: &AppState, name: &str) -> Result<TopicInfo, ApiError> {
         .get(name)
         .ok_or_else(|| ApiError::topic_not_found(name))?;
     Ok(TopicInfo {
-        summary: summary(name, meta),
+        summary: summary(&view.state, name, meta),
         config: config_to_api(&meta.settings),
         commit_point: CommitPoint {
             index: view.commit_point.index,
@@ -100,7 +100,7 @@ pub async fn list(State(node): State<AppState>) -> Json<TopicList> {
             .state
             .topics
             .iter()
-            .map(|(n, m)| summary(n, m))
+            .map(|(n, m)| summary(&view.state, n, m))
             .collect(),
     })
 }

@@ -12,13 +12,19 @@
 //! [`TopicMeta`]) are on disk forever: they are versioned and only ever extended.
 
 mod publish;
+pub mod ranges;
+pub mod subscriptions;
 mod topics;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-pub use publish::{record_size, NewRecord, Publish, StoredRecord};
+pub use publish::{record_size, stored_size, NewRecord, Publish, StoredRecord};
+pub use subscriptions::{
+    CreateSub, Delivery, Pull, Receipt, ReceiptAction, ReceiptOutcome, SetCursor, SettleReceipts,
+    Start, SubRef, SubSettings, SubState,
+};
 pub use topics::{validate_settings, CreateTopic, DeleteTopic, TopicMeta, TopicSettings};
 
 /// Default upper bound on one record (value + key + headers) when a topic sets none.
@@ -46,8 +52,14 @@ pub enum Command {
     CreateTopic(CreateTopic),
     DeleteTopic(DeleteTopic),
     Publish(Publish),
-    /// Moves the clock forward and nothing else.
+    /// Moves the clock forward (so due leases expire and delays end) and nothing else.
     Tick,
+    CreateSubscription(CreateSub),
+    DeleteSubscription(SubRef),
+    Pull(Pull),
+    /// Ack, nack or extend.
+    SettleReceipts(SettleReceipts),
+    SetCursor(SetCursor),
 }
 
 impl Command {
@@ -72,6 +84,14 @@ pub enum Outcome {
         last_offset: u64,
     },
     Ticked,
+    SubscriptionCreated,
+    /// The subscription already existed with the same settings.
+    SubscriptionExists,
+    SubscriptionDeleted,
+    Pulled(Vec<Delivery>),
+    /// One outcome per receipt, in order.
+    Receipts(Vec<ReceiptOutcome>),
+    CursorSet(u64),
 }
 
 /// Why a command was refused. A refused command changes nothing.
@@ -79,7 +99,9 @@ pub enum Outcome {
 pub enum ApplyError {
     #[error("topic {0:?} does not exist")]
     TopicNotFound(String),
-    #[error("topic {0:?} already exists with a different configuration")]
+    #[error("subscription {1:?} does not exist on topic {0:?}")]
+    SubscriptionNotFound(String, String),
+    #[error("{0:?} already exists with a different configuration")]
     AlreadyExists(String),
     #[error("{0}")]
     InvalidArgument(String),
@@ -105,8 +127,9 @@ pub struct ApplyResponse {
 }
 
 /// The in-memory part of the state: everything except the records themselves.
-/// It is small (one entry per topic) and persisted by the writes apply emits.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// It is small (one entry per topic and per subscription) and persisted by the writes apply
+/// emits.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SmState {
     /// The state machine's clock: max of all applied entries' leader times.
     pub clock_ms: u64,
@@ -114,6 +137,68 @@ pub struct SmState {
     /// new topic of the same name.
     pub next_topic_id: u64,
     pub topics: BTreeMap<String, TopicMeta>,
+    /// Subscription ids are never reused either: a receipt names one subscription forever.
+    pub next_sub_id: u64,
+    pub subs: BTreeMap<u64, SubState>,
+    /// (topic, name) -> id. Derived from `subs`.
+    pub sub_names: BTreeMap<(String, String), u64>,
+    /// (due time, subscription id, offset) of every lease expiry and nack delay. Derived
+    /// from `subs`.
+    pub due: BTreeSet<(u64, u64, u64)>,
+}
+
+impl SmState {
+    /// Inserts a subscription loaded from storage and rebuilds its index entries.
+    pub fn restore_sub(&mut self, sub: SubState) {
+        for (offset, lease) in &sub.leases {
+            self.due.insert((lease.expires_ms, sub.id, *offset));
+        }
+        for (offset, p) in &sub.pending {
+            if p.not_before_ms > self.clock_ms {
+                self.due.insert((p.not_before_ms, sub.id, *offset));
+            }
+        }
+        self.sub_names
+            .insert((sub.topic.clone(), sub.name.clone()), sub.id);
+        self.subs.insert(sub.id, sub);
+    }
+
+    /// When the next lease expires or delay ends, if any: the leader ticks then.
+    pub fn next_due(&self) -> Option<u64> {
+        self.due.first().map(|d| d.0)
+    }
+
+    /// The subscription `name` of `topic`.
+    pub fn sub(&self, topic: &str, name: &str) -> Option<&SubState> {
+        let id = self.sub_names.get(&(topic.to_string(), name.to_string()))?;
+        self.subs.get(id)
+    }
+
+    /// Subscriptions of `topic`, by name.
+    pub fn subs_of<'a>(&'a self, topic: &'a str) -> impl Iterator<Item = &'a SubState> + 'a {
+        self.sub_names
+            .range((topic.to_string(), String::new())..)
+            .take_while(move |((t, _), _)| t == topic)
+            .filter_map(|(_, id)| self.subs.get(id))
+    }
+}
+
+/// Reads a stored record during apply (dead-lettering copies one). `pending` holds the writes
+/// of this apply that are not in storage yet, newest last.
+pub trait RecordSource {
+    fn record(&self, pending: &[Write], topic_id: u64, offset: u64) -> Option<StoredRecord>;
+}
+
+/// Finds a record among not-yet-stored writes, newest first.
+pub fn pending_record(pending: &[Write], topic_id: u64, offset: u64) -> Option<StoredRecord> {
+    pending.iter().rev().find_map(|w| match w {
+        Write::PutRecord {
+            topic_id: t,
+            offset: o,
+            record,
+        } if *t == topic_id && *o == offset => Some(record.clone()),
+        _ => None,
+    })
 }
 
 /// A change to durable state, emitted by apply and executed by the storage layer.
@@ -129,20 +214,26 @@ pub enum Write {
         offset: u64,
         record: StoredRecord,
     },
+    /// Persist the current state of this subscription.
+    PutSub(u64),
+    /// Remove a subscription.
+    DeleteSub(u64),
 }
 
 /// Applies one normal entry at `index`. Pure: see the module docs.
 pub fn apply_entry(
     state: &mut SmState,
+    source: &dyn RecordSource,
     index: u64,
     batch: &Batch,
     writes: &mut Vec<Write>,
 ) -> ApplyResponse {
     state.clock_ms = state.clock_ms.max(batch.time_ms);
+    subscriptions::settle(state, source, writes);
     let results = batch
         .commands
         .iter()
-        .map(|cmd| apply_command(state, cmd, writes))
+        .map(|cmd| apply_command(state, source, cmd, writes))
         .collect();
     ApplyResponse {
         commit_point: CommitPoint {
@@ -153,14 +244,26 @@ pub fn apply_entry(
     }
 }
 
-fn apply_command(state: &mut SmState, cmd: &Command, writes: &mut Vec<Write>) -> CommandResult {
+fn apply_command(
+    state: &mut SmState,
+    source: &dyn RecordSource,
+    cmd: &Command,
+    writes: &mut Vec<Write>,
+) -> CommandResult {
     match cmd {
         Command::CreateTopic(c) => topics::create(state, c, writes),
         Command::DeleteTopic(c) => topics::delete(state, c, writes),
         Command::Publish(c) => publish::publish(state, c, writes),
         Command::Tick => Ok(Outcome::Ticked),
+        Command::CreateSubscription(c) => subscriptions::create(state, c, writes),
+        Command::DeleteSubscription(c) => subscriptions::delete(state, c, writes),
+        Command::Pull(c) => subscriptions::pull(state, c, writes),
+        Command::SettleReceipts(c) => subscriptions::settle_receipts(state, source, c, writes),
+        Command::SetCursor(c) => subscriptions::set_cursor(state, c, writes),
     }
 }
 
+#[cfg(test)]
+mod subscriptions_tests;
 #[cfg(test)]
 mod tests;

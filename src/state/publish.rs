@@ -25,8 +25,17 @@ pub struct StoredRecord {
 
 /// Bytes a record counts for in limits and in topic sizes: value, key and headers.
 pub fn record_size(r: &NewRecord) -> u64 {
-    let headers: usize = r.headers.iter().map(|(k, v)| k.len() + v.len()).sum();
-    (r.value.len() + r.key.as_ref().map_or(0, String::len) + headers) as u64
+    size_of(r.key.as_deref(), &r.headers, &r.value)
+}
+
+/// Bytes a stored record counts for, as [`record_size`] counts a new one.
+pub fn stored_size(r: &StoredRecord) -> u64 {
+    size_of(r.key.as_deref(), &r.headers, &r.value)
+}
+
+fn size_of(key: Option<&str>, headers: &[(String, String)], value: &[u8]) -> u64 {
+    let headers: usize = headers.iter().map(|(k, v)| k.len() + v.len()).sum();
+    (value.len() + key.map_or(0, str::len) + headers) as u64
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

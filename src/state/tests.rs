@@ -4,6 +4,15 @@ use proptest::prelude::*;
 
 use super::*;
 
+/// A record source for tests that never dead-letter.
+struct NoRecords;
+
+impl RecordSource for NoRecords {
+    fn record(&self, pending: &[Write], topic_id: u64, offset: u64) -> Option<StoredRecord> {
+        pending_record(pending, topic_id, offset)
+    }
+}
+
 fn batch(time_ms: u64, commands: Vec<Command>) -> Batch {
     Batch { time_ms, commands }
 }
@@ -32,7 +41,13 @@ fn publish(topic: &str, values: &[&str]) -> Command {
 /// Applies one command in its own entry and returns its result and the writes.
 fn run(state: &mut SmState, time_ms: u64, cmd: Command) -> (CommandResult, Vec<Write>) {
     let mut writes = Vec::new();
-    let resp = apply_entry(state, 1, &batch(time_ms, vec![cmd]), &mut writes);
+    let resp = apply_entry(
+        state,
+        &NoRecords,
+        1,
+        &batch(time_ms, vec![cmd]),
+        &mut writes,
+    );
     assert_eq!(resp.results.len(), 1);
     (resp.results.into_iter().next().unwrap(), writes)
 }
@@ -252,8 +267,20 @@ fn delete_topic_and_ids_never_reused() {
 fn clock_never_goes_back_and_commit_point_carries_it() {
     let mut state = SmState::default();
     let mut w = Vec::new();
-    let r1 = apply_entry(&mut state, 5, &batch(1000, vec![Command::Tick]), &mut w);
-    let r2 = apply_entry(&mut state, 6, &batch(400, vec![Command::Tick]), &mut w);
+    let r1 = apply_entry(
+        &mut state,
+        &NoRecords,
+        5,
+        &batch(1000, vec![Command::Tick]),
+        &mut w,
+    );
+    let r2 = apply_entry(
+        &mut state,
+        &NoRecords,
+        6,
+        &batch(400, vec![Command::Tick]),
+        &mut w,
+    );
     assert_eq!(
         r1.commit_point,
         CommitPoint {
@@ -278,6 +305,7 @@ fn one_entry_many_commands_each_answered_in_order() {
     let mut w = Vec::new();
     let resp = apply_entry(
         &mut state,
+        &NoRecords,
         9,
         &batch(
             5,
@@ -328,8 +356,8 @@ proptest! {
         let (mut w1, mut w2) = (Vec::new(), Vec::new());
         let mut last_clock = 0;
         for (i, e) in entries.iter().enumerate() {
-            let r1 = apply_entry(&mut s1, i as u64, e, &mut w1);
-            let r2 = apply_entry(&mut s2, i as u64, e, &mut w2);
+            let r1 = apply_entry(&mut s1, &NoRecords, i as u64, e, &mut w1);
+            let r2 = apply_entry(&mut s2, &NoRecords, i as u64, e, &mut w2);
             prop_assert_eq!(&r1, &r2);
             prop_assert!(r1.commit_point.time_ms >= last_clock);
             last_clock = r1.commit_point.time_ms;

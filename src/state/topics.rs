@@ -126,6 +126,10 @@ pub(super) fn delete(
         .topics
         .remove(&cmd.name)
         .ok_or_else(|| ApplyError::TopicNotFound(cmd.name.clone()))?;
+    let subs: Vec<u64> = state.subs_of(&cmd.name).map(|s| s.id).collect();
+    for id in subs {
+        super::subscriptions::remove(state, id, writes);
+    }
     writes.push(Write::DeleteTopic {
         name: cmd.name.clone(),
         id: meta.id,

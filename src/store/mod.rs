@@ -63,6 +63,15 @@ pub mod keys {
     pub const TOPIC_PREFIX: u8 = b't';
     /// First key of the record family.
     pub const RECORD_PREFIX: u8 = b'r';
+    /// First key of the subscription family.
+    pub const SUB_PREFIX: u8 = b's';
+
+    pub fn sub(id: u64) -> [u8; 9] {
+        let mut k = [0u8; 9];
+        k[0] = SUB_PREFIX;
+        k[1..9].copy_from_slice(&id.to_be_bytes());
+        k
+    }
 
     pub fn topic(name: &str) -> Vec<u8> {
         let mut k = Vec::with_capacity(1 + name.len());

@@ -19,7 +19,8 @@ use crate::raft::{
     io_err, Entry, LogId, Snapshot, SnapshotMeta, StorageResult, StoredMembership, TypeConfig,
 };
 use crate::state::{
-    apply_entry, ApplyResponse, CommitPoint, LogPayload, SmState, StoredRecord, TopicMeta, Write,
+    apply_entry, pending_record, ApplyResponse, CommitPoint, LogPayload, RecordSource, SmState,
+    StoredRecord, SubState, TopicMeta, Write,
 };
 
 /// Version byte in front of every stored record.
@@ -66,6 +67,32 @@ fn decode_record(bytes: &[u8]) -> Result<StoredRecord, String> {
         }
         Some((v, _)) => Err(format!("record has unknown format version {v}")),
         None => Err("empty record".into()),
+    }
+}
+
+/// The in-memory counters of [`SmState`] that are persisted under `m:state`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+enum SmMeta {
+    V1 {
+        clock_ms: u64,
+        next_topic_id: u64,
+        next_sub_id: u64,
+    },
+}
+
+/// Reads records for apply: writes of the same apply call first, then RocksDB.
+struct DbRecords<'a> {
+    db: &'a DB,
+}
+
+impl RecordSource for DbRecords<'_> {
+    fn record(&self, pending: &[Write], topic_id: u64, offset: u64) -> Option<StoredRecord> {
+        if let Some(r) = pending_record(pending, topic_id, offset) {
+            return Some(r);
+        }
+        let cf = self.db.cf_handle(CF_SM)?;
+        let bytes = self.db.get_cf(cf, keys::record(topic_id, offset)).ok()??;
+        decode_record(&bytes).ok()
     }
 }
 
@@ -178,9 +205,13 @@ impl SmShared {
                     },
                     results: vec![],
                 },
-                EntryPayload::Normal(LogPayload::V1(batch)) => {
-                    apply_entry(&mut view.state, index, batch, &mut writes)
-                }
+                EntryPayload::Normal(LogPayload::V1(batch)) => apply_entry(
+                    &mut view.state,
+                    &DbRecords { db: &self.db },
+                    index,
+                    batch,
+                    &mut writes,
+                ),
                 EntryPayload::Membership(m) => {
                     view.membership = StoredMembership::new(Some(entry.log_id), m.clone());
                     membership_changed = true;
@@ -197,6 +228,7 @@ impl SmShared {
             responses.push(resp);
         }
         let mut batch = WriteBatch::default();
+        let mut subs_touched = std::collections::BTreeSet::new();
         let enc = |e: bincode::Error| io_err(StorageIOError::write_state_machine, e);
         for w in writes {
             match w {
@@ -220,9 +252,24 @@ impl SmShared {
                         encode_record(&record).map_err(enc)?,
                     );
                 }
+                // Written once at the end, whatever number of commands touched it.
+                Write::PutSub(id) => {
+                    subs_touched.insert(id);
+                }
+                Write::DeleteSub(id) => batch.delete_cf(cf, keys::sub(id)),
             }
         }
-        let sm_meta = (view.state.clock_ms, view.state.next_topic_id);
+        // Ids are never reused, so a subscription deleted in this batch is simply absent.
+        for id in subs_touched {
+            if let Some(sub) = view.state.subs.get(&id) {
+                batch.put_cf(cf, keys::sub(id), codec::encode(sub).map_err(enc)?);
+            }
+        }
+        let sm_meta = SmMeta::V1 {
+            clock_ms: view.state.clock_ms,
+            next_topic_id: view.state.next_topic_id,
+            next_sub_id: view.state.next_sub_id,
+        };
         batch.put_cf(cf, keys::SM_META, codec::encode(&sm_meta).map_err(enc)?);
         batch.put_cf(
             cf,
@@ -283,9 +330,24 @@ fn load_view(db: &DB) -> anyhow::Result<SmView> {
         view.membership = codec::decode(&b)?;
     }
     if let Some(b) = db.get_cf(cf, keys::SM_META)? {
-        let (clock_ms, next_topic_id): (u64, u64) = codec::decode(&b)?;
+        let SmMeta::V1 {
+            clock_ms,
+            next_topic_id,
+            next_sub_id,
+        } = codec::decode(&b)?;
         view.state.clock_ms = clock_ms;
         view.state.next_topic_id = next_topic_id;
+        view.state.next_sub_id = next_sub_id;
+    }
+    let prefix = [keys::SUB_PREFIX];
+    for item in db.iterator_cf(cf, IteratorMode::From(&prefix, Direction::Forward)) {
+        let (k, v) = item?;
+        if k.first() != Some(&keys::SUB_PREFIX) {
+            break;
+        }
+        let sub: SubState =
+            codec::decode(&v).map_err(|e| anyhow::anyhow!("corrupt subscription {k:?}: {e}"))?;
+        view.state.restore_sub(sub);
     }
     let prefix = [keys::TOPIC_PREFIX];
     for item in db.iterator_cf(cf, IteratorMode::From(&prefix, Direction::Forward)) {

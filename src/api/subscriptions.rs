@@ -1,0 +1,437 @@
+//! Subscriptions: `PUT/GET/DELETE .../subscriptions/{sub}`, the list, `pull`, `ack`, `nack`,
+//! `extend` and `cursor` (docs/subscriptions.md has the semantics).
+
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::http::{StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use raftq_client::api::{
+    AckRequest, CursorRequest, CursorResponse, ErrorCode, ExtendRequest, Message, NackRequest,
+    PullRequest, PullResponse, ReceiptResult, ReceiptResults, ReceiptStatus, SubscriptionConfig,
+    SubscriptionInfo, SubscriptionList, SubscriptionStart, DEFAULT_ACK_TIMEOUT_MS,
+    MAX_ACK_TIMEOUT_MS, MAX_NACK_DELAY_MS, MAX_NAME_LEN, MAX_PULL, MAX_RECEIPTS, MAX_WAIT_MS,
+};
+
+use super::error::ApiError;
+use super::records::api_value;
+use super::{check_name, parse_json, TopicName};
+use crate::node::AppState;
+use crate::state::{
+    Command, CreateSub, Delivery, Outcome, Pull, Receipt, ReceiptAction, ReceiptOutcome, SetCursor,
+    SettleReceipts, SmState, Start, SubRef, SubSettings, SubState,
+};
+
+/// Default number of records one pull leases.
+const DEFAULT_PULL: u32 = 10;
+
+/// The `{topic}` and `{sub}` path segments, checked.
+pub struct SubPath(pub SubRef);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for SubPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, ApiError> {
+        let axum::extract::Path((topic, name)) =
+            axum::extract::Path::<(String, String)>::from_request_parts(parts, state)
+                .await
+                .map_err(|e| ApiError::invalid(format!("invalid path: {}", e.body_text())))?;
+        check_name("topic", &topic)?;
+        check_name("subscription", &name)?;
+        Ok(SubPath(SubRef { topic, name }))
+    }
+}
+
+fn not_found(sub: &SubRef) -> ApiError {
+    ApiError::new(
+        ErrorCode::SubscriptionNotFound,
+        format!(
+            "subscription {:?} does not exist on topic {:?}",
+            sub.name, sub.topic
+        ),
+    )
+}
+
+fn settings_from_api(c: &SubscriptionConfig) -> Result<SubSettings, ApiError> {
+    let ack_timeout_ms = c.ack_timeout_ms.unwrap_or(DEFAULT_ACK_TIMEOUT_MS);
+    check_timeout("ack_timeout_ms", ack_timeout_ms)?;
+    if let Some(dlq) = &c.dead_letter_topic {
+        check_name("dead_letter_topic", dlq)?;
+    }
+    Ok(SubSettings {
+        start: match c.start {
+            SubscriptionStart::First => Start::First,
+            SubscriptionStart::Next => Start::Next,
+            SubscriptionStart::Offset(n) => Start::Offset(n),
+        },
+        ack_timeout_ms,
+        max_deliveries: c.max_deliveries,
+        dead_letter_topic: c.dead_letter_topic.clone(),
+    })
+}
+
+fn config_to_api(s: &SubSettings) -> SubscriptionConfig {
+    SubscriptionConfig {
+        start: match s.start {
+            Start::First => SubscriptionStart::First,
+            Start::Next => SubscriptionStart::Next,
+            Start::Offset(n) => SubscriptionStart::Offset(n),
+        },
+        ack_timeout_ms: Some(s.ack_timeout_ms),
+        max_deliveries: s.max_deliveries,
+        dead_letter_topic: s.dead_letter_topic.clone(),
+    }
+}
+
+/// The API view of a subscription.
+pub fn info(state: &SmState, sub: &SubState) -> SubscriptionInfo {
+    let hw = state.topics.get(&sub.topic).map_or(0, |t| t.next_offset);
+    SubscriptionInfo {
+        topic: sub.topic.clone(),
+        name: sub.name.clone(),
+        cursor: sub.cursor,
+        backlog: sub.backlog(hw),
+        in_flight: sub.leases.len() as u64,
+        delivered: sub.counters.delivered,
+        acked: sub.counters.acked,
+        redelivered: sub.counters.redelivered,
+        dead_lettered: sub.dead_lettered_total(),
+        expired_leases: sub.counters.expired_leases,
+        config: config_to_api(&sub.settings),
+    }
+}
+
+fn local_info(node: &AppState, sub: &SubRef) -> Result<SubscriptionInfo, ApiError> {
+    let view = node.sm.view();
+    if !view.state.topics.contains_key(&sub.topic) {
+        return Err(ApiError::topic_not_found(&sub.topic));
+    }
+    let state = view
+        .state
+        .sub(&sub.topic, &sub.name)
+        .ok_or_else(|| not_found(sub))?;
+    Ok(info(&view.state, state))
+}
+
+fn check_timeout(field: &str, ms: u64) -> Result<(), ApiError> {
+    if ms == 0 || ms > MAX_ACK_TIMEOUT_MS {
+        return Err(ApiError::invalid(format!(
+            "{field} must be between 1 and {MAX_ACK_TIMEOUT_MS} ms, not {ms}"
+        )));
+    }
+    Ok(())
+}
+
+/// An empty body means "all defaults".
+fn parse_optional<T: serde::de::DeserializeOwned + Default>(body: &[u8]) -> Result<T, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        Ok(T::default())
+    } else {
+        parse_json(body)
+    }
+}
+
+pub async fn create(
+    State(node): State<AppState>,
+    SubPath(sub): SubPath,
+    uri: Uri,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let config: SubscriptionConfig = parse_optional(&body?)?;
+    let settings = settings_from_api(&config)?;
+    let cmd = Command::CreateSubscription(CreateSub {
+        topic: sub.topic.clone(),
+        name: sub.name.clone(),
+        settings,
+    });
+    let (outcome, _) = node.propose(&uri, cmd).await?;
+    let status = if outcome == Outcome::SubscriptionCreated {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(local_info(&node, &sub)?)).into_response())
+}
+
+pub async fn get(
+    State(node): State<AppState>,
+    SubPath(sub): SubPath,
+) -> Result<Json<SubscriptionInfo>, ApiError> {
+    Ok(Json(local_info(&node, &sub)?))
+}
+
+pub async fn list(
+    State(node): State<AppState>,
+    TopicName(topic): TopicName,
+) -> Result<Json<SubscriptionList>, ApiError> {
+    let view = node.sm.view();
+    if !view.state.topics.contains_key(&topic) {
+        return Err(ApiError::topic_not_found(&topic));
+    }
+    let subscriptions = view
+        .state
+        .subs_of(&topic)
+        .map(|s| info(&view.state, s))
+        .collect();
+    Ok(Json(SubscriptionList { subscriptions }))
+}
+
+pub async fn delete(
+    State(node): State<AppState>,
+    SubPath(sub): SubPath,
+    uri: Uri,
+) -> Result<StatusCode, ApiError> {
+    node.propose(&uri, Command::DeleteSubscription(sub)).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Leases records through Raft; long-polls until at least one can be leased or the wait ends.
+pub async fn pull(
+    State(node): State<AppState>,
+    SubPath(sub): SubPath,
+    uri: Uri,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<PullResponse>, ApiError> {
+    let req: PullRequest = parse_optional(&body?)?;
+    let max = req.max.unwrap_or(DEFAULT_PULL);
+    if max == 0 || max > MAX_PULL {
+        return Err(ApiError::invalid(format!(
+            "max must be between 1 and {MAX_PULL}, not {max}"
+        )));
+    }
+    let wait_ms = req.wait_ms.unwrap_or(0);
+    if wait_ms > MAX_WAIT_MS {
+        return Err(ApiError::invalid(format!(
+            "wait_ms must be 0 to {MAX_WAIT_MS}"
+        )));
+    }
+    if let Some(ms) = req.ack_timeout_ms {
+        check_timeout("ack_timeout_ms", ms)?;
+    }
+    if req
+        .consumer
+        .as_ref()
+        .is_some_and(|c| c.len() > MAX_NAME_LEN)
+    {
+        return Err(ApiError::invalid(format!(
+            "consumer must be at most {MAX_NAME_LEN} bytes"
+        )));
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
+    let mut applied = node.sm.subscribe_applied();
+    let mut shutdown = node.shutdown_rx();
+    let cmd = Command::Pull(Pull {
+        sub: sub.clone(),
+        max,
+        ack_timeout_ms: req.ack_timeout_ms,
+    });
+    loop {
+        applied.borrow_and_update();
+        // Propose only when something can be leased (or to let Raft answer: a follower
+        // redirects, a missing subscription is refused), so a waiting pull writes nothing.
+        let worth_proposing = {
+            let view = node.sm.view();
+            let hw = view
+                .state
+                .topics
+                .get(&sub.topic)
+                .map_or(0, |t| t.next_offset);
+            match view.state.sub(&sub.topic, &sub.name) {
+                Some(s) => s.has_available(hw, now_ms()),
+                None => true,
+            }
+        } || !node.is_leader();
+        let out_of_time = tokio::time::Instant::now() >= deadline;
+        if worth_proposing || out_of_time {
+            let deliveries = match node.propose(&uri, cmd.clone()).await?.0 {
+                Outcome::Pulled(d) => d,
+                other => return Err(ApiError::internal(format!("unexpected outcome {other:?}"))),
+            };
+            if !deliveries.is_empty() || out_of_time {
+                return Ok(Json(PullResponse {
+                    messages: messages(&node, &sub, deliveries)?,
+                }));
+            }
+        }
+        if *shutdown.borrow() {
+            return Ok(Json(PullResponse { messages: vec![] }));
+        }
+        tokio::select! {
+            _ = tokio::time::sleep_until(deadline) => {}
+            _ = shutdown.changed() => return Ok(Json(PullResponse { messages: vec![] })),
+            changed = applied.changed() => if changed.is_err() {
+                return Ok(Json(PullResponse { messages: vec![] }));
+            },
+        }
+    }
+}
+
+/// Fills leased deliveries with their records, read from this (the leader's) applied state.
+fn messages(
+    node: &AppState,
+    sub: &SubRef,
+    deliveries: Vec<Delivery>,
+) -> Result<Vec<Message>, ApiError> {
+    let Some(meta) = node.sm.view().state.topics.get(&sub.topic).cloned() else {
+        return Ok(vec![]);
+    };
+    let mut out = Vec::with_capacity(deliveries.len());
+    for d in deliveries {
+        let offset = d.receipt.offset;
+        let rows = node
+            .sm
+            .read_records(&meta, offset, offset + 1, 1, u64::MAX)
+            .map_err(|e| ApiError::internal(format!("reading record {offset}: {e}")))?;
+        // A record gone since (its topic deleted) is not sent; its lease simply expires.
+        let Some((_, record)) = rows.into_iter().next() else {
+            continue;
+        };
+        let (value, value_b64) = api_value(record.value);
+        out.push(Message {
+            receipt: d.receipt.to_string(),
+            offset,
+            delivery_count: d.delivery_count,
+            lease_expires_ms: d.expires_ms,
+            timestamp_ms: record.timestamp_ms,
+            key: record.key,
+            headers: record.headers.into_iter().collect(),
+            value,
+            value_b64,
+        });
+    }
+    Ok(out)
+}
+
+fn parse_receipts(receipts: &[String]) -> Result<Vec<Receipt>, ApiError> {
+    if receipts.is_empty() || receipts.len() > MAX_RECEIPTS {
+        return Err(ApiError::invalid(format!(
+            "receipts must hold 1 to {MAX_RECEIPTS} receipts, not {}",
+            receipts.len()
+        )));
+    }
+    receipts
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            Receipt::parse(r).ok_or_else(|| {
+                ApiError::invalid(format!("receipt {i} ({r:?}) is not a receipt raftq issued"))
+            })
+        })
+        .collect()
+}
+
+async fn settle(
+    node: &AppState,
+    uri: &Uri,
+    sub: SubRef,
+    texts: Vec<String>,
+    action: ReceiptAction,
+) -> Result<Json<ReceiptResults>, ApiError> {
+    let receipts = parse_receipts(&texts)?;
+    let cmd = Command::SettleReceipts(SettleReceipts {
+        sub,
+        action,
+        receipts,
+    });
+    let outcomes = match node.propose(uri, cmd).await?.0 {
+        Outcome::Receipts(r) => r,
+        other => return Err(ApiError::internal(format!("unexpected outcome {other:?}"))),
+    };
+    let results = texts
+        .into_iter()
+        .zip(outcomes)
+        .map(|(receipt, outcome)| {
+            let (status, lease_expires_ms) = match outcome {
+                ReceiptOutcome::Acked => (ReceiptStatus::Acked, None),
+                ReceiptOutcome::Released => (ReceiptStatus::Released, None),
+                ReceiptOutcome::DeadLettered => (ReceiptStatus::DeadLettered, None),
+                ReceiptOutcome::Extended { expires_ms } => {
+                    (ReceiptStatus::Extended, Some(expires_ms))
+                }
+                ReceiptOutcome::Stale => (ReceiptStatus::Stale, None),
+            };
+            ReceiptResult {
+                receipt,
+                status,
+                lease_expires_ms,
+            }
+        })
+        .collect();
+    Ok(Json(ReceiptResults { results }))
+}
+
+pub async fn ack(
+    State(node): State<AppState>,
+    SubPath(sub): SubPath,
+    uri: Uri,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<ReceiptResults>, ApiError> {
+    let req: AckRequest = parse_json(&body?)?;
+    settle(&node, &uri, sub, req.receipts, ReceiptAction::Ack).await
+}
+
+pub async fn nack(
+    State(node): State<AppState>,
+    SubPath(sub): SubPath,
+    uri: Uri,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<ReceiptResults>, ApiError> {
+    let req: NackRequest = parse_json(&body?)?;
+    if req.delay_ms > MAX_NACK_DELAY_MS {
+        return Err(ApiError::invalid(format!(
+            "delay_ms must be at most {MAX_NACK_DELAY_MS}"
+        )));
+    }
+    let action = ReceiptAction::Nack {
+        delay_ms: req.delay_ms,
+        dead_letter: req.dead_letter,
+    };
+    settle(&node, &uri, sub, req.receipts, action).await
+}
+
+pub async fn extend(
+    State(node): State<AppState>,
+    SubPath(sub): SubPath,
+    uri: Uri,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<ReceiptResults>, ApiError> {
+    let req: ExtendRequest = parse_json(&body?)?;
+    if let Some(ms) = req.ack_timeout_ms {
+        check_timeout("ack_timeout_ms", ms)?;
+    }
+    let action = ReceiptAction::Extend {
+        ack_timeout_ms: req.ack_timeout_ms,
+    };
+    settle(&node, &uri, sub, req.receipts, action).await
+}
+
+pub async fn cursor(
+    State(node): State<AppState>,
+    SubPath(sub): SubPath,
+    uri: Uri,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<CursorResponse>, ApiError> {
+    let req: CursorRequest = parse_json(&body?)?;
+    let cmd = Command::SetCursor(SetCursor {
+        sub,
+        offset: req.offset,
+        allow_backward: req.allow_backward,
+        forward_only: false,
+    });
+    match node.propose(&uri, cmd).await?.0 {
+        Outcome::CursorSet(cursor) => Ok(Json(CursorResponse { cursor })),
+        other => Err(ApiError::internal(format!("unexpected outcome {other:?}"))),
+    }
+}

@@ -1,0 +1,740 @@
+//! Subscriptions: leased pull, ack, nack, extend, expiry, dead letters and the cursor.
+//!
+//! Every offset at or above a subscription's cursor is fresh (never delivered, at or above
+//! `next_fresh`), leased, pending (delivered before and available again, maybe after a delay)
+//! or done (acked or dead-lettered). The cursor is the ack floor: it only moves over a
+//! contiguous run of done offsets, or when a client moves it explicitly.
+//!
+//! Leases expire and nack delays end by the entry clock alone: every entry first settles what
+//! fell due (`settle`), using the index `SmState::due` of (time, subscription, offset).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::ranges::RangeSet;
+use super::{ApplyError, CommandResult, Outcome, RecordSource, SmState, StoredRecord, Write};
+
+/// Lease length when neither the pull nor the subscription sets one.
+pub const DEFAULT_ACK_TIMEOUT_MS: u64 = 30_000;
+
+/// Where a new subscription's cursor starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Start {
+    First,
+    Next,
+    Offset(u64),
+}
+
+/// A subscription's settings as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubSettings {
+    pub start: Start,
+    pub ack_timeout_ms: u64,
+    pub max_deliveries: Option<u32>,
+    pub dead_letter_topic: Option<String>,
+}
+
+/// One live delivery.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    /// Names this delivery (part of the receipt); unique within the subscription.
+    pub lease_id: u64,
+    pub delivery_count: u32,
+    pub expires_ms: u64,
+}
+
+/// A record delivered before and available again (after `not_before_ms`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pending {
+    pub delivery_count: u32,
+    pub not_before_ms: u64,
+    /// The delivery that ended; its receipt still works until the record is delivered again.
+    pub last_lease_id: u64,
+}
+
+/// Cumulative counters; they never decrease.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubCounters {
+    pub delivered: u64,
+    pub acked: u64,
+    pub redelivered: u64,
+    pub expired_leases: u64,
+    /// Appended to the dead-letter topic.
+    pub dead_lettered: u64,
+    /// Discarded for want of a dead-letter topic, by reason.
+    pub discarded_max_deliveries: u64,
+    pub discarded_nack: u64,
+}
+
+/// The replicated state of one subscription.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubState {
+    /// Unique for the life of the cluster; part of every receipt.
+    pub id: u64,
+    pub topic: String,
+    pub name: String,
+    pub settings: SubSettings,
+    /// Every offset below it is done.
+    pub cursor: u64,
+    /// Lowest offset never delivered (at or above the cursor).
+    pub next_fresh: u64,
+    /// Done offsets at or above the cursor.
+    pub done: RangeSet,
+    pub leases: BTreeMap<u64, Lease>,
+    pub pending: BTreeMap<u64, Pending>,
+    pub next_lease_id: u64,
+    pub counters: SubCounters,
+}
+
+impl SubState {
+    /// Records neither done nor leased, between the cursor and `high_watermark`.
+    pub fn backlog(&self, high_watermark: u64) -> u64 {
+        let span = high_watermark.saturating_sub(self.cursor);
+        span.saturating_sub(self.done.len())
+            .saturating_sub(self.leases.len() as u64)
+    }
+
+    /// Whether a pull at time `now` would lease something.
+    pub fn has_available(&self, high_watermark: u64, now_ms: u64) -> bool {
+        self.next_fresh < high_watermark || self.pending.values().any(|p| p.not_before_ms <= now_ms)
+    }
+
+    /// The dead-lettered and discarded total.
+    pub fn dead_lettered_total(&self) -> u64 {
+        self.counters.dead_lettered
+            + self.counters.discarded_max_deliveries
+            + self.counters.discarded_nack
+    }
+
+    fn advance_cursor(&mut self) {
+        while let Some(end) = self.done.take_run_at(self.cursor) {
+            self.cursor = end;
+        }
+        self.next_fresh = self.next_fresh.max(self.cursor);
+    }
+}
+
+/// A receipt: one delivery of one record of one subscription. Printed as
+/// `SUB.OFFSET.LEASE` (three decimal numbers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Receipt {
+    pub sub_id: u64,
+    pub offset: u64,
+    pub lease_id: u64,
+}
+
+impl Receipt {
+    pub fn parse(text: &str) -> Option<Receipt> {
+        let mut parts = text.split('.');
+        let mut next = || parts.next().and_then(|p| p.parse::<u64>().ok());
+        let r = Receipt {
+            sub_id: next()?,
+            offset: next()?,
+            lease_id: next()?,
+        };
+        parts.next().is_none().then_some(r)
+    }
+}
+
+impl std::fmt::Display for Receipt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}.{}", self.sub_id, self.offset, self.lease_id)
+    }
+}
+
+/// One leased record, as a pull answers it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Delivery {
+    pub receipt: Receipt,
+    pub delivery_count: u32,
+    pub expires_ms: u64,
+}
+
+/// What an ack, nack or extend did to one receipt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ReceiptOutcome {
+    Acked,
+    Released,
+    DeadLettered,
+    Extended { expires_ms: u64 },
+    Stale,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CreateSub {
+    pub topic: String,
+    pub name: String,
+    pub settings: SubSettings,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubRef {
+    pub topic: String,
+    pub name: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pull {
+    pub sub: SubRef,
+    pub max: u32,
+    pub ack_timeout_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ReceiptAction {
+    Ack,
+    Nack { delay_ms: u64, dead_letter: bool },
+    Extend { ack_timeout_ms: Option<u64> },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SettleReceipts {
+    pub sub: SubRef,
+    pub action: ReceiptAction,
+    pub receipts: Vec<Receipt>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetCursor {
+    pub sub: SubRef,
+    pub offset: u64,
+    pub allow_backward: bool,
+    /// From a read with `from`: a cursor at or above `offset` is left alone, never an error.
+    pub forward_only: bool,
+}
+
+/// Why a dead letter left the queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum DeadReason {
+    MaxDeliveries,
+    Nack,
+}
+
+impl DeadReason {
+    fn as_str(self) -> &'static str {
+        match self {
+            DeadReason::MaxDeliveries => "max_deliveries",
+            DeadReason::Nack => "nack",
+        }
+    }
+}
+
+fn not_found(sub: &SubRef) -> ApplyError {
+    ApplyError::SubscriptionNotFound(sub.topic.clone(), sub.name.clone())
+}
+
+fn find(state: &SmState, sub: &SubRef) -> Result<u64, ApplyError> {
+    state
+        .sub_names
+        .get(&(sub.topic.clone(), sub.name.clone()))
+        .copied()
+        .ok_or_else(|| not_found(sub))
+}
+
+fn validate_timeout(ms: u64) -> Result<(), ApplyError> {
+    if ms == 0 || ms > raftq_client::api::MAX_ACK_TIMEOUT_MS {
+        return Err(ApplyError::InvalidArgument(format!(
+            "ack_timeout_ms must be between 1 and {}, not {ms}",
+            raftq_client::api::MAX_ACK_TIMEOUT_MS
+        )));
+    }
+    Ok(())
+}
+
+pub(super) fn create(
+    state: &mut SmState,
+    cmd: &CreateSub,
+    writes: &mut Vec<Write>,
+) -> CommandResult {
+    if !raftq_client::api::is_valid_name(&cmd.name) {
+        return Err(ApplyError::InvalidArgument(format!(
+            "invalid subscription name {:?}",
+            cmd.name
+        )));
+    }
+    let topic = state
+        .topics
+        .get(&cmd.topic)
+        .ok_or_else(|| ApplyError::TopicNotFound(cmd.topic.clone()))?;
+    let s = &cmd.settings;
+    validate_timeout(s.ack_timeout_ms)?;
+    if s.max_deliveries == Some(0) {
+        return Err(ApplyError::InvalidArgument(
+            "max_deliveries must be at least 1 (omit it for no limit)".into(),
+        ));
+    }
+    if let Some(dlq) = &s.dead_letter_topic {
+        if dlq == &cmd.topic {
+            return Err(ApplyError::InvalidArgument(
+                "dead_letter_topic must be another topic than the subscription's own".into(),
+            ));
+        }
+        if !state.topics.contains_key(dlq) {
+            return Err(ApplyError::InvalidArgument(format!(
+                "dead_letter_topic {dlq:?} does not exist; create it first"
+            )));
+        }
+    }
+    let key = (cmd.topic.clone(), cmd.name.clone());
+    if let Some(id) = state.sub_names.get(&key) {
+        return if state
+            .subs
+            .get(id)
+            .is_some_and(|sub| sub.settings == cmd.settings)
+        {
+            Ok(Outcome::SubscriptionExists)
+        } else {
+            Err(ApplyError::AlreadyExists(format!(
+                "{}/{}",
+                cmd.topic, cmd.name
+            )))
+        };
+    }
+    let cursor = match s.start {
+        Start::First => topic.first_offset,
+        Start::Next => topic.next_offset,
+        Start::Offset(n) if n >= topic.first_offset && n <= topic.next_offset => n,
+        Start::Offset(n) => {
+            return Err(ApplyError::InvalidArgument(format!(
+                "start offset {n} is outside the topic's offsets {}..={}",
+                topic.first_offset, topic.next_offset
+            )))
+        }
+    };
+    let id = state.next_sub_id;
+    state.next_sub_id += 1;
+    state.subs.insert(
+        id,
+        SubState {
+            id,
+            topic: cmd.topic.clone(),
+            name: cmd.name.clone(),
+            settings: s.clone(),
+            cursor,
+            next_fresh: cursor,
+            done: RangeSet::default(),
+            leases: BTreeMap::new(),
+            pending: BTreeMap::new(),
+            next_lease_id: 0,
+            counters: SubCounters::default(),
+        },
+    );
+    state.sub_names.insert(key, id);
+    writes.push(Write::PutSub(id));
+    Ok(Outcome::SubscriptionCreated)
+}
+
+/// Removes a subscription and its due entries.
+pub(super) fn remove(state: &mut SmState, id: u64, writes: &mut Vec<Write>) {
+    if let Some(sub) = state.subs.remove(&id) {
+        for (offset, lease) in &sub.leases {
+            state.due.remove(&(lease.expires_ms, id, *offset));
+        }
+        for (offset, p) in &sub.pending {
+            state.due.remove(&(p.not_before_ms, id, *offset));
+        }
+        state.sub_names.remove(&(sub.topic, sub.name));
+        writes.push(Write::DeleteSub(id));
+    }
+}
+
+pub(super) fn delete(state: &mut SmState, cmd: &SubRef, writes: &mut Vec<Write>) -> CommandResult {
+    let id = find(state, cmd)?;
+    remove(state, id, writes);
+    Ok(Outcome::SubscriptionDeleted)
+}
+
+/// Ends every lease and delay that fell due at `now`. Runs before every entry's commands.
+pub(super) fn settle(state: &mut SmState, source: &dyn RecordSource, writes: &mut Vec<Write>) {
+    let now = state.clock_ms;
+    while let Some(&(due, id, offset)) = state.due.first() {
+        if due > now {
+            break;
+        }
+        state.due.pop_first();
+        let Some(sub) = state.subs.get_mut(&id) else {
+            continue;
+        };
+        match sub.leases.get(&offset) {
+            Some(lease) if lease.expires_ms == due => {
+                let lease = lease.clone();
+                sub.leases.remove(&offset);
+                sub.counters.expired_leases += 1;
+                fail_delivery(
+                    state,
+                    source,
+                    writes,
+                    id,
+                    offset,
+                    lease.delivery_count,
+                    lease.lease_id,
+                    due,
+                );
+            }
+            // A nack delay ended: the record is available now; nothing to change, but the
+            // entry that got here woke every waiting pull.
+            _ => {}
+        }
+        writes.push(Write::PutSub(id));
+    }
+}
+
+/// A delivery ended without an ack (expired or nacked): the record becomes available again
+/// from `not_before_ms`, or is dead-lettered once it reached `max_deliveries`.
+#[allow(clippy::too_many_arguments)]
+fn fail_delivery(
+    state: &mut SmState,
+    source: &dyn RecordSource,
+    writes: &mut Vec<Write>,
+    id: u64,
+    offset: u64,
+    delivery_count: u32,
+    lease_id: u64,
+    not_before_ms: u64,
+) -> ReceiptOutcome {
+    let Some(sub) = state.subs.get_mut(&id) else {
+        return ReceiptOutcome::Stale;
+    };
+    if sub
+        .settings
+        .max_deliveries
+        .is_some_and(|max| delivery_count >= max)
+    {
+        dead_letter(
+            state,
+            source,
+            writes,
+            id,
+            offset,
+            DeadReason::MaxDeliveries,
+            delivery_count,
+        );
+        return ReceiptOutcome::DeadLettered;
+    }
+    sub.pending.insert(
+        offset,
+        Pending {
+            delivery_count,
+            not_before_ms,
+            last_lease_id: lease_id,
+        },
+    );
+    if not_before_ms > state.clock_ms {
+        state.due.insert((not_before_ms, id, offset));
+    }
+    ReceiptOutcome::Released
+}
+
+/// Marks `offset` done and appends the record to the dead-letter topic (or counts it
+/// discarded when there is none).
+#[allow(clippy::too_many_arguments)]
+fn dead_letter(
+    state: &mut SmState,
+    source: &dyn RecordSource,
+    writes: &mut Vec<Write>,
+    id: u64,
+    offset: u64,
+    reason: DeadReason,
+    delivery_count: u32,
+) {
+    let clock = state.clock_ms;
+    let Some(sub) = state.subs.get_mut(&id) else {
+        return;
+    };
+    sub.done.insert(offset);
+    sub.advance_cursor();
+    let origin_topic = sub.topic.clone();
+    let sub_name = sub.name.clone();
+    let dlq = sub.settings.dead_letter_topic.clone();
+    let origin_id = state.topics.get(&origin_topic).map(|t| t.id);
+    let record = origin_id.and_then(|tid| source.record(writes, tid, offset));
+    let target = dlq.and_then(|d| state.topics.get_mut(&d).map(|meta| (d, meta)));
+    let appended = match (target, record) {
+        (Some((dlq, meta)), Some(original)) => {
+            let mut headers = original.headers;
+            headers.retain(|(k, _)| !k.starts_with("raftq-dead-letter-"));
+            headers.push(("raftq-dead-letter-topic".into(), origin_topic));
+            headers.push(("raftq-dead-letter-offset".into(), offset.to_string()));
+            headers.push(("raftq-dead-letter-subscription".into(), sub_name));
+            headers.push(("raftq-dead-letter-reason".into(), reason.as_str().into()));
+            headers.push((
+                "raftq-dead-letter-delivery-count".into(),
+                delivery_count.to_string(),
+            ));
+            let record = StoredRecord {
+                timestamp_ms: clock,
+                key: original.key,
+                headers,
+                value: original.value,
+            };
+            meta.bytes += super::stored_size(&record);
+            writes.push(Write::PutRecord {
+                topic_id: meta.id,
+                offset: meta.next_offset,
+                record,
+            });
+            meta.next_offset += 1;
+            writes.push(Write::PutTopic(dlq));
+            true
+        }
+        _ => false,
+    };
+    let Some(sub) = state.subs.get_mut(&id) else {
+        return;
+    };
+    match (appended, reason) {
+        (true, _) => sub.counters.dead_lettered += 1,
+        (false, DeadReason::MaxDeliveries) => sub.counters.discarded_max_deliveries += 1,
+        (false, DeadReason::Nack) => sub.counters.discarded_nack += 1,
+    }
+}
+
+pub(super) fn pull(state: &mut SmState, cmd: &Pull, writes: &mut Vec<Write>) -> CommandResult {
+    let id = find(state, &cmd.sub)?;
+    if cmd.max == 0 || cmd.max > raftq_client::api::MAX_PULL {
+        return Err(ApplyError::InvalidArgument(format!(
+            "max must be between 1 and {}",
+            raftq_client::api::MAX_PULL
+        )));
+    }
+    if let Some(ms) = cmd.ack_timeout_ms {
+        validate_timeout(ms)?;
+    }
+    let now = state.clock_ms;
+    let high_watermark = state
+        .topics
+        .get(&cmd.sub.topic)
+        .map_or(0, |t| t.next_offset);
+    let sub = state.subs.get_mut(&id).ok_or_else(|| not_found(&cmd.sub))?;
+    let timeout = cmd.ack_timeout_ms.unwrap_or(sub.settings.ack_timeout_ms);
+    let expires_ms = now.saturating_add(timeout);
+    // Records available again come first (they are all below next_fresh), in offset order.
+    let mut chosen: Vec<(u64, u32)> = sub
+        .pending
+        .iter()
+        .filter(|(_, p)| p.not_before_ms <= now)
+        .take(cmd.max as usize)
+        .map(|(offset, p)| (*offset, p.delivery_count + 1))
+        .collect();
+    for (offset, _) in &chosen {
+        sub.pending.remove(offset);
+    }
+    while chosen.len() < cmd.max as usize && sub.next_fresh < high_watermark {
+        if !sub.done.contains(sub.next_fresh) {
+            chosen.push((sub.next_fresh, 1));
+        }
+        sub.next_fresh += 1;
+    }
+    let mut deliveries = Vec::with_capacity(chosen.len());
+    for (offset, delivery_count) in chosen {
+        let lease_id = sub.next_lease_id;
+        sub.next_lease_id += 1;
+        sub.leases.insert(
+            offset,
+            Lease {
+                lease_id,
+                delivery_count,
+                expires_ms,
+            },
+        );
+        state.due.insert((expires_ms, id, offset));
+        sub.counters.delivered += 1;
+        if delivery_count > 1 {
+            sub.counters.redelivered += 1;
+        }
+        deliveries.push(Delivery {
+            receipt: Receipt {
+                sub_id: id,
+                offset,
+                lease_id,
+            },
+            delivery_count,
+            expires_ms,
+        });
+    }
+    if !deliveries.is_empty() {
+        writes.push(Write::PutSub(id));
+    }
+    Ok(Outcome::Pulled(deliveries))
+}
+
+/// Which delivery a receipt names, if it is still live.
+enum Live {
+    Leased(Lease),
+    /// Expired or released, not delivered again yet.
+    Pending(Pending),
+}
+
+fn live(sub: &SubState, r: &Receipt) -> Option<Live> {
+    if r.sub_id != sub.id {
+        return None;
+    }
+    if let Some(lease) = sub.leases.get(&r.offset) {
+        return (lease.lease_id == r.lease_id).then(|| Live::Leased(lease.clone()));
+    }
+    let p = sub.pending.get(&r.offset)?;
+    (p.last_lease_id == r.lease_id).then(|| Live::Pending(p.clone()))
+}
+
+pub(super) fn settle_receipts(
+    state: &mut SmState,
+    source: &dyn RecordSource,
+    cmd: &SettleReceipts,
+    writes: &mut Vec<Write>,
+) -> CommandResult {
+    let id = find(state, &cmd.sub)?;
+    match &cmd.action {
+        ReceiptAction::Nack { delay_ms, .. }
+            if *delay_ms > raftq_client::api::MAX_NACK_DELAY_MS =>
+        {
+            return Err(ApplyError::InvalidArgument(format!(
+                "delay_ms must be at most {}",
+                raftq_client::api::MAX_NACK_DELAY_MS
+            )))
+        }
+        ReceiptAction::Extend {
+            ack_timeout_ms: Some(ms),
+        } => validate_timeout(*ms)?,
+        _ => {}
+    }
+    let now = state.clock_ms;
+    let mut results = Vec::with_capacity(cmd.receipts.len());
+    for r in &cmd.receipts {
+        let sub = state.subs.get_mut(&id).ok_or_else(|| not_found(&cmd.sub))?;
+        let Some(delivery) = live(sub, r) else {
+            results.push(ReceiptOutcome::Stale);
+            continue;
+        };
+        // The delivery ends here (extend starts a new lease for it below).
+        let (delivery_count, lease_id) = match &delivery {
+            Live::Leased(l) => {
+                sub.leases.remove(&r.offset);
+                state.due.remove(&(l.expires_ms, id, r.offset));
+                (l.delivery_count, l.lease_id)
+            }
+            Live::Pending(p) => {
+                sub.pending.remove(&r.offset);
+                state.due.remove(&(p.not_before_ms, id, r.offset));
+                (p.delivery_count, p.last_lease_id)
+            }
+        };
+        let outcome = match &cmd.action {
+            ReceiptAction::Ack => {
+                sub.done.insert(r.offset);
+                sub.advance_cursor();
+                sub.counters.acked += 1;
+                ReceiptOutcome::Acked
+            }
+            ReceiptAction::Extend { ack_timeout_ms } => {
+                let expires_ms =
+                    now.saturating_add(ack_timeout_ms.unwrap_or(sub.settings.ack_timeout_ms));
+                sub.leases.insert(
+                    r.offset,
+                    Lease {
+                        lease_id,
+                        delivery_count,
+                        expires_ms,
+                    },
+                );
+                state.due.insert((expires_ms, id, r.offset));
+                ReceiptOutcome::Extended { expires_ms }
+            }
+            ReceiptAction::Nack {
+                dead_letter: true, ..
+            } => {
+                dead_letter(
+                    state,
+                    source,
+                    writes,
+                    id,
+                    r.offset,
+                    DeadReason::Nack,
+                    delivery_count,
+                );
+                ReceiptOutcome::DeadLettered
+            }
+            ReceiptAction::Nack { delay_ms, .. } => fail_delivery(
+                state,
+                source,
+                writes,
+                id,
+                r.offset,
+                delivery_count,
+                lease_id,
+                now.saturating_add(*delay_ms),
+            ),
+        };
+        results.push(outcome);
+    }
+    writes.push(Write::PutSub(id));
+    Ok(Outcome::Receipts(results))
+}
+
+pub(super) fn set_cursor(
+    state: &mut SmState,
+    cmd: &SetCursor,
+    writes: &mut Vec<Write>,
+) -> CommandResult {
+    let id = find(state, &cmd.sub)?;
+    let topic = state
+        .topics
+        .get(&cmd.sub.topic)
+        .ok_or_else(|| ApplyError::TopicNotFound(cmd.sub.topic.clone()))?;
+    let (first, high_watermark) = (topic.first_offset, topic.next_offset);
+    let sub = state.subs.get_mut(&id).ok_or_else(|| not_found(&cmd.sub))?;
+    let target = cmd.offset;
+    if target == sub.cursor || (cmd.forward_only && target < sub.cursor) {
+        return Ok(Outcome::CursorSet(sub.cursor));
+    }
+    if target > high_watermark {
+        return Err(ApplyError::InvalidArgument(format!(
+            "offset {target} is beyond the topic's next offset {high_watermark}"
+        )));
+    }
+    if target < sub.cursor && !cmd.allow_backward {
+        return Err(ApplyError::InvalidArgument(format!(
+            "offset {target} is below the cursor {}; set allow_backward to move it back",
+            sub.cursor
+        )));
+    }
+    if target < first {
+        return Err(ApplyError::InvalidArgument(format!(
+            "offset {target} is below the topic's first offset {first}"
+        )));
+    }
+    // A seek: forget what the move passes over (and, backward, everything).
+    let backward = target < sub.cursor;
+    let forget = |offset: u64| backward || offset < target;
+    let dropped_leases: Vec<(u64, u64)> = sub
+        .leases
+        .iter()
+        .filter(|(o, _)| forget(**o))
+        .map(|(o, l)| (*o, l.expires_ms))
+        .collect();
+    for (offset, expires) in dropped_leases {
+        sub.leases.remove(&offset);
+        state.due.remove(&(expires, id, offset));
+    }
+    let dropped_pending: Vec<(u64, u64)> = sub
+        .pending
+        .iter()
+        .filter(|(o, _)| forget(**o))
+        .map(|(o, p)| (*o, p.not_before_ms))
+        .collect();
+    for (offset, not_before) in dropped_pending {
+        sub.pending.remove(&offset);
+        state.due.remove(&(not_before, id, offset));
+    }
+    if backward {
+        sub.done.clear();
+        sub.next_fresh = target;
+    } else {
+        sub.done.remove_below(target);
+        sub.next_fresh = sub.next_fresh.max(target);
+    }
+    sub.cursor = target;
+    sub.advance_cursor();
+    writes.push(Write::PutSub(id));
+    Ok(Outcome::CursorSet(sub.cursor))
+}
