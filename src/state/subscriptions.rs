@@ -225,6 +225,9 @@ fn not_found(sub: &SubRef) -> ApplyError {
 }
 
 fn find(state: &SmState, sub: &SubRef) -> Result<u64, ApplyError> {
+    if !state.topics.contains_key(&sub.topic) {
+        return Err(ApplyError::TopicNotFound(sub.topic.clone()));
+    }
     state
         .sub_names
         .get(&(sub.topic.clone(), sub.name.clone()))

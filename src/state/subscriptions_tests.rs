@@ -532,6 +532,19 @@ fn commands_on_a_missing_subscription_are_refused() {
         missing
     );
     assert_eq!(h.run(Command::DeleteSubscription(sref())), missing);
+    let no_topic = SubRef {
+        topic: "nope".into(),
+        name: "s".into(),
+    };
+    assert_eq!(
+        h.run(Command::Pull(Pull {
+            sub: no_topic,
+            max: 1,
+            ack_timeout_ms: None
+        })),
+        Err(ApplyError::TopicNotFound("nope".into())),
+        "a missing topic is named as such"
+    );
 }
 
 #[test]
