@@ -14,6 +14,7 @@
 //! See ARCHITECTURE.md for the invariants and boundaries.
 
 pub mod api;
+pub mod cli;
 pub mod codec;
 pub mod config;
 pub mod node;

@@ -20,6 +20,10 @@ struct Cli {
 enum Cmd {
     /// Run one node of a raftq cluster.
     Serve(raftq::config::ServeArgs),
+    /// Consume a subscription: pull messages, print each on a line, ack it once printed.
+    Consume(raftq::cli::ConsumeArgs),
+    /// Print a topic's records, optionally for a subscription (moving its cursor) and following.
+    Tail(raftq::cli::TailArgs),
 }
 
 fn init_logging(format: &str) {
@@ -45,6 +49,8 @@ fn main() -> std::process::ExitCode {
                 .build()?
                 .block_on(raftq::node::run(settings))
         }),
+        Cmd::Consume(args) => return raftq::cli::consume(args),
+        Cmd::Tail(args) => return raftq::cli::tail(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -1859,7 +1859,7 @@ impl Consumers {
             self.pulls_in_flight.fetch_add(1, Ordering::SeqCst);
             let sent = self
                 .http
-                .post(format!("{leader}/v1/topics/work/subscriptions/s/pull"))
+                .post(format!("{leader}/v1/topics/jobs/subscriptions/s/pull"))
                 .json(&pull_body)
                 .timeout(Duration::from_secs(6))
                 .send()
@@ -1959,7 +1959,7 @@ impl Consumers {
             self.acks_in_flight.fetch_add(1, Ordering::SeqCst);
             let sent = self
                 .http
-                .post(format!("{leader}/v1/topics/work/subscriptions/s/ack"))
+                .post(format!("{leader}/v1/topics/jobs/subscriptions/s/ack"))
                 .json(&body)
                 .timeout(Duration::from_secs(5))
                 .send()
@@ -2172,15 +2172,15 @@ async fn wait_acked(c: &Cluster, consumers: &Arc<Consumers>, target: usize, time
 async fn four_consumers_leader_killed_twice() {
     let test_started = Instant::now();
     let c = Cluster::start(3).await;
-    c.create_topic("work").await;
+    c.create_topic("jobs").await;
     for batch in 0..(TOTAL / 500) {
         let vals: Vec<String> = (batch * 500..(batch + 1) * 500)
             .map(|i| format!("w/{i}"))
             .collect();
-        let ack = c.publish_values("work", &vals).await;
+        let ack = c.publish_values("jobs", &vals).await;
         assert_eq!(ack.first_offset, batch * 500, "{ack:?}");
     }
-    create_sub(&c, "work", "s", json!({"ack_timeout_ms": ACK_TIMEOUT_MS})).await;
+    create_sub(&c, "jobs", "s", json!({"ack_timeout_ms": ACK_TIMEOUT_MS})).await;
 
     let http = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
@@ -2275,7 +2275,7 @@ async fn four_consumers_leader_killed_twice() {
                 let stats = format!("{:?}", sh.stats.lock().unwrap());
                 if missing.iter().all(|o| unknown.contains(o)) {
                     let leader = cl.agreed_leader().await?;
-                    let st = sub_state(cl, leader, "work", "s").await?;
+                    let st = sub_state(cl, leader, "jobs", "s").await?;
                     if st.cursor == TOTAL {
                         return Ok(());
                     }
@@ -2330,8 +2330,8 @@ async fn four_consumers_leader_killed_twice() {
     }
 
     // Every node ends with the cursor at the end and nothing in flight.
-    c.wait_converged("work").await;
-    let st = wait_sub_everywhere(&c, "work", "s", Duration::from_secs(30), |st| {
+    c.wait_converged("jobs").await;
+    let st = wait_sub_everywhere(&c, "jobs", "s", Duration::from_secs(30), |st| {
         if st.cursor == TOTAL && st.in_flight == 0 {
             Ok(())
         } else {

@@ -38,6 +38,67 @@
 //! # }
 //! ```
 //!
+//! # Consuming a subscription
+//!
+//! A [`Subscriber`] pulls leased messages, runs a handler per message, extends the leases of
+//! messages still being handled, acks on `Ok` and nacks (releases for redelivery) on `Err`. It
+//! rides out leader changes, and stops gracefully: running handlers get a grace period, and
+//! every message pulled but not handled is released at once and listed in the [`StopReport`].
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use raftq_client::api::{SubscriptionConfig, SubscriptionStart};
+//! use raftq_client::{Client, Subscriber, SubscriberOptions};
+//!
+//! # async fn run(client: Client) -> Result<(), Box<dyn std::error::Error>> {
+//! client
+//!     .create_subscription(
+//!         "orders",
+//!         "billing",
+//!         &SubscriptionConfig {
+//!             start: SubscriptionStart::First,
+//!             ack_timeout_ms: Some(30_000),
+//!             max_deliveries: Some(5),
+//!             dead_letter_topic: Some("orders.dlq".to_string()),
+//!         },
+//!     )
+//!     .await?;
+//!
+//! let subscriber = Subscriber::new(
+//!     client,
+//!     "orders",
+//!     "billing",
+//!     SubscriberOptions::new()
+//!         .concurrency(8)
+//!         .stop_grace(Duration::from_secs(5)),
+//! )?;
+//! let stop = subscriber.stop_handle();
+//! tokio::spawn(async move {
+//!     let _ = tokio::signal::ctrl_c().await;
+//!     stop.stop(); // graceful: see the `subscriber` module
+//! });
+//!
+//! let report = subscriber
+//!     .run(|message| async move {
+//!         let order = String::from_utf8(message.value_bytes())?;
+//!         println!("billing offset {} (delivery {}): {order}", message.offset, message.delivery_count);
+//!         Ok::<(), std::string::FromUtf8Error>(()) // Ok acks, Err releases for redelivery
+//!     })
+//!     .await?;
+//! println!(
+//!     "acked {}, released at stop {:?}, not settled {:?}",
+//!     report.acked, report.released_on_stop, report.unsettled
+//! );
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Delivery is at least once: a message whose ack is lost, or whose lease expires, is handled
+//! again. For stream semantics, a [`Reader`] follows a subscription's cursor with long-poll
+//! reads, committing each batch when it asks for the next. The single calls are there too:
+//! [`Client::pull`], [`Client::ack`], [`Client::nack`], [`Client::extend`],
+//! [`Client::set_cursor`].
+//!
 //! # Leaders and nodes
 //!
 //! Writes go to the last node known to lead; with none known, to the next node in the list.
@@ -68,6 +129,14 @@
 //!   of applying them once (a server that supports idempotent publish deduplicates it and
 //!   answers its original offsets with `duplicate: true`; the current server refuses those
 //!   fields with 400 until producer support lands, so nothing is applied twice meanwhile).
+//! - The subscription calls are all retried too: [`Client::create_subscription`] and
+//!   [`Client::delete_subscription`] like topics; [`Client::ack`], [`Client::nack`],
+//!   [`Client::extend`] and [`Client::set_cursor`] because applying them twice has the effect of
+//!   applying them once (a re-sent ack or nack answers `stale` for the receipts its lost first
+//!   attempt already settled, so after a retry `stale` does not mean the ack failed); and
+//!   [`Client::pull`] because a second pull loses nothing: the records leased by an answer that
+//!   never arrived are delivered again when their lease expires (with a higher
+//!   `delivery_count`, possibly to another consumer).
 //! - A publish without `producer_id` + `sequence` (also [`Client::publish_records`] and
 //!   [`Client::publish_bytes`]) is **never** re-sent after such a failure: re-sending could
 //!   append the records twice. The call returns [`Error::Indeterminate`] at once, and it was
@@ -89,10 +158,14 @@
 //! - `transport`: node list, leader tracking, redirects, the retry loop and the classification
 //!   of every answer as "applied", "not applied" or "unknown".
 //! - `error`: [`Error`].
+//! - [`subscriber`]: [`Subscriber`], its options, stop handle and report.
+//! - `reader`: [`Reader`].
 
 pub mod api;
 mod client;
 mod error;
+mod reader;
+pub mod subscriber;
 mod transport;
 
 pub use client::{
@@ -100,6 +173,8 @@ pub use client::{
     DEFAULT_REQUEST_TIMEOUT,
 };
 pub use error::Error;
+pub use reader::{Reader, DEFAULT_READ_WAIT};
+pub use subscriber::{RunError, StopHandle, StopReport, Subscriber, SubscriberOptions};
 
 #[cfg(test)]
 mod tests;

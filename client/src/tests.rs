@@ -37,6 +37,8 @@ enum Action {
     Reply(Reply),
     /// Answer after a pause (a long-poll).
     Delayed(Duration, Reply),
+    /// Answer after a pause, computing the answer (and applying its effect) only then.
+    Deferred(Duration, Box<dyn FnOnce() -> Reply + Send>),
     /// Close the connection without answering: the request arrived, the answer is lost.
     Drop,
     /// Never answer.
@@ -175,6 +177,10 @@ async fn serve_connection(stream: TcpStream, handler: Handler, log: Arc<Mutex<Ve
             Action::Delayed(pause, reply) => {
                 tokio::time::sleep(pause).await;
                 reply
+            }
+            Action::Deferred(pause, make) => {
+                tokio::time::sleep(pause).await;
+                make()
             }
             Action::Drop => return,
             Action::Hang => std::future::pending().await,
@@ -821,3 +827,6 @@ async fn cluster_status_teaches_the_leader_for_the_next_write() {
         .expect("publish");
     assert_eq!((a.count(), b.count()), (1, 1));
 }
+
+/// Subscriptions: the client calls, [`crate::Subscriber`] and [`crate::Reader`].
+mod subscriptions;

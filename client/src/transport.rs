@@ -41,10 +41,13 @@ const BODY_SNIPPET_CHARS: usize = 200;
 pub(crate) enum Retry {
     /// A read: re-sending is harmless, so every failure is retried until the deadline.
     Read,
-    /// A write with the same effect however often it is applied (creating or deleting a topic,
-    /// a publish with `producer_id` and `sequence`, which the server deduplicates). Retried like
-    /// a read, but once an attempt may have been applied the deadline ends in
-    /// [`Error::Indeterminate`], not [`Error::Unavailable`].
+    /// A write that may safely be applied more than once: either it has the same effect however
+    /// often it is applied (creating or deleting a topic or a subscription, a publish with
+    /// `producer_id` and `sequence`, which the server deduplicates, an ack, nack or extend, a
+    /// cursor move), or an extra application loses nothing (a pull: the leases of an answer that
+    /// never arrived expire, and their records are delivered again). Retried like a read, but
+    /// once an attempt may have been applied the deadline ends in [`Error::Indeterminate`], not
+    /// [`Error::Unavailable`].
     IdempotentWrite,
     /// A write that would be applied twice if sent twice (a publish without idempotency data).
     /// Only definite refusals are retried; anything else ends the call as indeterminate.
@@ -526,7 +529,7 @@ fn give_up(
 
 /// A pause between `backoff / 2` and `backoff`: enough randomness that clients refused
 /// together do not come back together.
-fn jittered(backoff: Duration) -> Duration {
+pub(crate) fn jittered(backoff: Duration) -> Duration {
     let half = backoff / 2;
     let extra_us = rand::thread_rng().gen_range(0..=half.as_micros() as u64);
     half + Duration::from_micros(extra_us)

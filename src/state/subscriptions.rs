@@ -49,8 +49,9 @@ pub struct Lease {
 pub struct Pending {
     pub delivery_count: u32,
     pub not_before_ms: u64,
-    /// The delivery that ended; its receipt still works until the record is delivered again.
-    pub last_lease_id: u64,
+    /// The delivery whose lease expired: its receipt still works until the record is
+    /// delivered again. `None` after an explicit nack: the consumer gave the record up.
+    pub last_lease_id: Option<u64>,
 }
 
 /// Cumulative counters; they never decrease.
@@ -371,7 +372,7 @@ pub(super) fn settle(state: &mut SmState, source: &dyn RecordSource, writes: &mu
                     id,
                     offset,
                     lease.delivery_count,
-                    lease.lease_id,
+                    Some(lease.lease_id),
                     due,
                 );
             }
@@ -393,7 +394,7 @@ fn fail_delivery(
     id: u64,
     offset: u64,
     delivery_count: u32,
-    lease_id: u64,
+    lease_id: Option<u64>,
     not_before_ms: u64,
 ) -> ReceiptOutcome {
     let Some(sub) = state.subs.get_mut(&id) else {
@@ -562,11 +563,13 @@ pub(super) fn pull(state: &mut SmState, cmd: &Pull, writes: &mut Vec<Write>) -> 
     Ok(Outcome::Pulled(deliveries))
 }
 
-/// Which delivery a receipt names, if it is still live.
-enum Live {
-    Leased(Lease),
-    /// Expired or released, not delivered again yet.
-    Pending(Pending),
+/// Which delivery a receipt names, if it is still live: its delivery count and lease id, and
+/// whether it is still leased (or its lease expired and it was not delivered again).
+struct Live {
+    delivery_count: u32,
+    lease_id: u64,
+    leased_until: Option<u64>,
+    not_before_ms: u64,
 }
 
 fn live(sub: &SubState, r: &Receipt) -> Option<Live> {
@@ -574,10 +577,20 @@ fn live(sub: &SubState, r: &Receipt) -> Option<Live> {
         return None;
     }
     if let Some(lease) = sub.leases.get(&r.offset) {
-        return (lease.lease_id == r.lease_id).then(|| Live::Leased(lease.clone()));
+        return (lease.lease_id == r.lease_id).then_some(Live {
+            delivery_count: lease.delivery_count,
+            lease_id: lease.lease_id,
+            leased_until: Some(lease.expires_ms),
+            not_before_ms: 0,
+        });
     }
     let p = sub.pending.get(&r.offset)?;
-    (p.last_lease_id == r.lease_id).then(|| Live::Pending(p.clone()))
+    (p.last_lease_id == Some(r.lease_id)).then_some(Live {
+        delivery_count: p.delivery_count,
+        lease_id: r.lease_id,
+        leased_until: None,
+        not_before_ms: p.not_before_ms,
+    })
 }
 
 pub(super) fn settle_receipts(
@@ -610,18 +623,17 @@ pub(super) fn settle_receipts(
             continue;
         };
         // The delivery ends here (extend starts a new lease for it below).
-        let (delivery_count, lease_id) = match &delivery {
-            Live::Leased(l) => {
+        let (delivery_count, lease_id) = (delivery.delivery_count, delivery.lease_id);
+        match delivery.leased_until {
+            Some(expires) => {
                 sub.leases.remove(&r.offset);
-                state.due.remove(&(l.expires_ms, id, r.offset));
-                (l.delivery_count, l.lease_id)
+                state.due.remove(&(expires, id, r.offset));
             }
-            Live::Pending(p) => {
+            None => {
                 sub.pending.remove(&r.offset);
-                state.due.remove(&(p.not_before_ms, id, r.offset));
-                (p.delivery_count, p.last_lease_id)
+                state.due.remove(&(delivery.not_before_ms, id, r.offset));
             }
-        };
+        }
         let outcome = match &cmd.action {
             ReceiptAction::Ack => {
                 sub.done.insert(r.offset);
@@ -664,7 +676,7 @@ pub(super) fn settle_receipts(
                 id,
                 r.offset,
                 delivery_count,
-                lease_id,
+                None,
                 now.saturating_add(*delay_ms),
             ),
         };

@@ -157,7 +157,7 @@ enum Slot {
     Pending {
         count: u32,
         not_before: u64,
-        last_lease: u64,
+        last_lease: Option<u64>,
     },
     Done,
 }
@@ -189,11 +189,18 @@ impl Model {
             .collect();
         due.sort();
         for (expires, i, count, lease) in due {
-            self.fail(i, count, lease, expires, "max_deliveries");
+            self.fail(i, count, Some(lease), expires, "max_deliveries");
         }
     }
 
-    fn fail(&mut self, i: usize, count: u32, lease: u64, not_before: u64, reason: &'static str) {
+    fn fail(
+        &mut self,
+        i: usize,
+        count: u32,
+        lease: Option<u64>,
+        not_before: u64,
+        reason: &'static str,
+    ) {
         if self.max_deliveries.is_some_and(|m| count >= m) {
             self.slots[i] = Slot::Done;
             self.dead.push((i as u64, reason, count));
@@ -220,8 +227,10 @@ impl Model {
                 Some((r.offset as usize, *count, *lease))
             }
             Slot::Pending {
-                count, last_lease, ..
-            } if *last_lease == r.lease_id => Some((r.offset as usize, *count, *last_lease)),
+                count,
+                last_lease: Some(l),
+                ..
+            } if *l == r.lease_id => Some((r.offset as usize, *count, *l)),
             _ => None,
         }
     }
@@ -332,8 +341,9 @@ proptest! {
                             m.dead.push((i as u64, "nack", count));
                             ReceiptOutcome::DeadLettered
                         }
-                        Some((i, count, lease)) => {
-                            m.fail(i, count, lease, h.clock + delay, "max_deliveries");
+                        Some((i, count, _)) => {
+                            // An explicit nack gives the record up: its receipt is stale now.
+                            m.fail(i, count, None, h.clock + delay, "max_deliveries");
                             if m.slots[i] == Slot::Done { ReceiptOutcome::DeadLettered } else { ReceiptOutcome::Released }
                         }
                     };
@@ -615,6 +625,22 @@ fn nack_delay_holds_a_record_back_then_it_comes_first() {
         vec![d[0].receipt],
     );
     assert_eq!(got, vec![ReceiptOutcome::Released]);
+    // The consumer gave it up: its receipt no longer extends, acks or nacks it.
+    for action in [
+        ReceiptAction::Extend {
+            ack_timeout_ms: None,
+        },
+        ReceiptAction::Ack,
+        ReceiptAction::Nack {
+            delay_ms: 0,
+            dead_letter: false,
+        },
+    ] {
+        assert_eq!(
+            h.settle(action, vec![d[0].receipt]),
+            vec![ReceiptOutcome::Stale]
+        );
+    }
     assert_eq!(h.state.next_due(), Some(1500));
     let next = h.pull(5, None);
     assert_eq!(

@@ -1,0 +1,1177 @@
+//! The history of a run: every operation's invoke and completion, Jepsen style.
+//!
+//! # Model
+//! Every client operation is two [`Event`]s: an [`Kind::Invoke`] and a completion that is
+//! [`Kind::Ok`] (it happened), [`Kind::Fail`] (it definitely did not happen: a 4xx, or a 503
+//! `no_leader`/`shutting_down`) or [`Kind::Info`] (unknown: timeout, reset connection, any other
+//! 5xx). Both events carry the [`Op`] (what was asked); an `ok` completion also carries an
+//! [`OpResult`] (what the server answered), a `fail`/`info` completion an `error` text.
+//!
+//! A [`Process`] is one logical, single-threaded client. **A process that sees `info` is
+//! retired**: the op may still take effect at any later time, so the process can never again be
+//! said to be "between" operations. The worker that drove it takes a fresh number from
+//! [`History::next_process`] and carries on. (An [`OpHandle`] dropped without a completion
+//! records `info` itself, so the same rule applies to cancelled operations.) The nemesis is the
+//! one [`Process::Nemesis`]; its faults are [`Op::Fault`] events.
+//!
+//! # Recording
+//! ```
+//! use raftq_jepsen::history::{History, Op, OpResult};
+//! let history = History::new();
+//! let process = history.next_process();
+//! let handle = history.invoke(process, Some(1), Op::publish("q", vec!["v1".into()]));
+//! handle.ok(OpResult::publish(0, 1, false)); // first offset 0, one value
+//! assert_eq!(history.events().len(), 2);
+//! ```
+//!
+//! # On disk
+//! JSON lines, one [`Event`] per line ([`History::write_jsonl`], [`write_jsonl`],
+//! [`read_jsonl`]). An event looks like
+//! `{"index":0,"time_us":17,"process":3,"node":1,"type":"invoke","f":"publish","value":{"topic":"q","values":["v1"]}}`
+//! and its completion
+//! `{"index":1,"time_us":950,"process":3,"node":1,"type":"ok","f":"publish","value":{...},"invoke_index":0,"result":{"offsets":[0]}}`.
+//! `f`/`value` are the [`Op`] (kebab-case tag); `result` is the [`OpResult`] matching `f`,
+//! written without a tag of its own.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::fs::File;
+use std::io::{BufRead, BufReader, BufWriter, Write};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use anyhow::Context as _;
+use raftq_client::api::{Message, ReadResponse, ReceiptResult, ReceiptStatus, Record};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// Who performed an operation: a client process (a number, never reused) or the nemesis.
+///
+/// Serialized as the number, or as the string `"nemesis"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Process {
+    /// One single-threaded logical client. Retired after an `info` completion.
+    Client(u64),
+    /// The fault injector.
+    Nemesis,
+}
+
+impl fmt::Display for Process {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Process::Client(n) => write!(f, "{n}"),
+            Process::Nemesis => f.write_str("nemesis"),
+        }
+    }
+}
+
+impl Serialize for Process {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Process::Client(n) => s.serialize_u64(*n),
+            Process::Nemesis => s.serialize_str("nemesis"),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Process {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Number(u64),
+            Word(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Number(n) => Ok(Process::Client(n)),
+            Raw::Word(w) if w == "nemesis" => Ok(Process::Nemesis),
+            Raw::Word(w) => Err(serde::de::Error::custom(format!(
+                "process must be a number or \"nemesis\", not {w:?}"
+            ))),
+        }
+    }
+}
+
+/// The type of an event (serialized as `"type"`, lowercase, as Jepsen does).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    /// The operation started.
+    Invoke,
+    /// It happened; the event carries its [`OpResult`].
+    Ok,
+    /// It definitely did not happen.
+    Fail,
+    /// Unknown whether it happened (and it may still happen later).
+    Info,
+}
+
+/// Start or end of a fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Phase {
+    Start,
+    Stop,
+}
+
+/// What an operation asked for (the invoke value). Serialized adjacently tagged:
+/// `{"f": "publish", "value": {...}}`, tags in kebab-case.
+///
+/// Receipts are always recorded together with the value of the record they name, as
+/// `(receipt, value)` pairs, so that the checkers never have to guess which record an ack
+/// meant.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "f", content = "value", rename_all = "kebab-case")]
+pub enum Op {
+    /// Publish a batch of values (unique across the run) to `topic`.
+    /// Ok result: [`OpResult::Publish`], one offset per value, in order.
+    Publish {
+        topic: String,
+        values: Vec<String>,
+        /// Idempotency data, when the batch was sent with it. A value retried after `info`
+        /// without idempotency data may legitimately land twice.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        producer_id: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        sequence: Option<u64>,
+    },
+    /// Leased pull from a subscription. Ok result: [`OpResult::Pull`].
+    Pull {
+        topic: String,
+        subscription: String,
+        /// The lease length this pull asked for; `None`: the subscription's (the queue
+        /// checker then uses [`crate::checker::queue::QueueOptions::ack_timeout_ms`]).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        ack_timeout_ms: Option<u64>,
+        /// True for the pulls of the final drain (after healing, waiting for a leader and for
+        /// every lease to expire). The queue checker counts final and ordinary pulls alike as
+        /// deliveries; the flag is for reports and for readers of the history.
+        #[serde(default, rename = "final", skip_serializing_if = "std::ops::Not::not")]
+        final_drain: bool,
+    },
+    /// Ack receipts, each paired with the value of the record it names.
+    /// Ok result: [`OpResult::Receipts`].
+    Ack {
+        topic: String,
+        subscription: String,
+        receipts: Vec<(String, String)>,
+    },
+    /// Nack (release) receipts, each paired with its record's value.
+    /// Ok result: [`OpResult::Receipts`].
+    Nack {
+        topic: String,
+        subscription: String,
+        receipts: Vec<(String, String)>,
+        #[serde(default)]
+        delay_ms: u64,
+    },
+    /// Extend the leases of receipts, each paired with its record's value.
+    /// Ok result: [`OpResult::Receipts`] (with `lease_expires_ms`).
+    Extend {
+        topic: String,
+        subscription: String,
+        receipts: Vec<(String, String)>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        ack_timeout_ms: Option<u64>,
+    },
+    /// Stream read, optionally through a subscription, optionally from an explicit offset
+    /// (`None` with a subscription: resume at its cursor). Ok result: [`OpResult::Read`].
+    Read {
+        topic: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        subscription: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        from: Option<u64>,
+    },
+    /// Move a subscription's cursor. Ok result: [`OpResult::Cursor`].
+    SetCursor {
+        topic: String,
+        subscription: String,
+        offset: u64,
+        #[serde(default)]
+        allow_backward: bool,
+    },
+    /// The final read of the whole topic through one node only (no redirects).
+    /// Ok result: [`OpResult::Records`].
+    FinalRead { topic: String, node: u64 },
+    /// A fault, by the nemesis. Ok result: [`OpResult::Fault`].
+    Fault {
+        name: String,
+        phase: Phase,
+        #[serde(default)]
+        targets: Vec<u64>,
+    },
+}
+
+impl Op {
+    /// A publish without idempotency data.
+    pub fn publish(topic: impl Into<String>, values: Vec<String>) -> Op {
+        Op::Publish {
+            topic: topic.into(),
+            values,
+            producer_id: None,
+            sequence: None,
+        }
+    }
+
+    /// An ordinary (not final) pull with the subscription's lease length.
+    pub fn pull(topic: impl Into<String>, subscription: impl Into<String>) -> Op {
+        Op::Pull {
+            topic: topic.into(),
+            subscription: subscription.into(),
+            ack_timeout_ms: None,
+            final_drain: false,
+        }
+    }
+
+    /// A pull of the final drain.
+    pub fn final_pull(topic: impl Into<String>, subscription: impl Into<String>) -> Op {
+        Op::Pull {
+            topic: topic.into(),
+            subscription: subscription.into(),
+            ack_timeout_ms: None,
+            final_drain: true,
+        }
+    }
+
+    /// An ack of `(receipt, value)` pairs.
+    pub fn ack(
+        topic: impl Into<String>,
+        subscription: impl Into<String>,
+        receipts: Vec<(String, String)>,
+    ) -> Op {
+        Op::Ack {
+            topic: topic.into(),
+            subscription: subscription.into(),
+            receipts,
+        }
+    }
+
+    /// A stream read.
+    pub fn read(topic: impl Into<String>, subscription: Option<&str>, from: Option<u64>) -> Op {
+        Op::Read {
+            topic: topic.into(),
+            subscription: subscription.map(str::to_string),
+            from,
+        }
+    }
+
+    /// A cursor move.
+    pub fn set_cursor(
+        topic: impl Into<String>,
+        subscription: impl Into<String>,
+        offset: u64,
+        allow_backward: bool,
+    ) -> Op {
+        Op::SetCursor {
+            topic: topic.into(),
+            subscription: subscription.into(),
+            offset,
+            allow_backward,
+        }
+    }
+
+    /// The final read of `topic` through `node`.
+    pub fn final_read(topic: impl Into<String>, node: u64) -> Op {
+        Op::FinalRead {
+            topic: topic.into(),
+            node,
+        }
+    }
+
+    /// A fault of the nemesis.
+    pub fn fault(name: impl Into<String>, phase: Phase, targets: Vec<u64>) -> Op {
+        Op::Fault {
+            name: name.into(),
+            phase,
+            targets,
+        }
+    }
+
+    /// The `f` tag: `"publish"`, `"pull"`, `"ack"`, `"nack"`, `"extend"`, `"read"`,
+    /// `"set-cursor"`, `"final-read"`, `"fault"`.
+    pub fn f(&self) -> &'static str {
+        match self {
+            Op::Publish { .. } => "publish",
+            Op::Pull { .. } => "pull",
+            Op::Ack { .. } => "ack",
+            Op::Nack { .. } => "nack",
+            Op::Extend { .. } => "extend",
+            Op::Read { .. } => "read",
+            Op::SetCursor { .. } => "set-cursor",
+            Op::FinalRead { .. } => "final-read",
+            Op::Fault { .. } => "fault",
+        }
+    }
+
+    /// The topic the op is about (`None` for faults).
+    pub fn topic(&self) -> Option<&str> {
+        match self {
+            Op::Publish { topic, .. }
+            | Op::Pull { topic, .. }
+            | Op::Ack { topic, .. }
+            | Op::Nack { topic, .. }
+            | Op::Extend { topic, .. }
+            | Op::Read { topic, .. }
+            | Op::SetCursor { topic, .. }
+            | Op::FinalRead { topic, .. } => Some(topic),
+            Op::Fault { .. } => None,
+        }
+    }
+
+    /// True for client operations (everything but [`Op::Fault`]).
+    pub fn is_client(&self) -> bool {
+        !matches!(self, Op::Fault { .. })
+    }
+}
+
+/// One leased record as a pull returned it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Delivery {
+    pub value: String,
+    pub offset: u64,
+    pub receipt: String,
+    pub delivery_count: u32,
+    /// Server (leader-stamped) time the lease ends.
+    pub lease_expires_ms: u64,
+}
+
+impl Delivery {
+    /// From an SDK message (a binary value is taken as lossy UTF-8).
+    pub fn from_message(m: &Message) -> Delivery {
+        Delivery {
+            value: m
+                .value
+                .clone()
+                .unwrap_or_else(|| String::from_utf8_lossy(&m.value_bytes()).into_owned()),
+            offset: m.offset,
+            receipt: m.receipt.clone(),
+            delivery_count: m.delivery_count,
+            lease_expires_ms: m.lease_expires_ms,
+        }
+    }
+}
+
+/// `(offset, value)` of an SDK record (a binary value is taken as lossy UTF-8).
+pub fn record_pair(r: &Record) -> (u64, String) {
+    (
+        r.offset,
+        r.value
+            .clone()
+            .unwrap_or_else(|| String::from_utf8_lossy(&r.value_bytes()).into_owned()),
+    )
+}
+
+/// What an `ok` completion carries. Which variant goes with which [`Op`]:
+///
+/// | op | result |
+/// |---|---|
+/// | `Publish` | `Publish` |
+/// | `Pull` | `Pull` |
+/// | `Ack`, `Nack`, `Extend` | `Receipts` |
+/// | `Read` | `Read` |
+/// | `SetCursor` | `Cursor` |
+/// | `FinalRead` | `Records` |
+/// | `Fault` | `Fault` |
+///
+/// Serialized untagged (the op's `f` tells which); [`OpHandle::ok`] panics on a mismatch,
+/// since that is a bug in the workload.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+pub enum OpResult {
+    /// The offsets assigned, one per published value, in order.
+    Publish {
+        offsets: Vec<u64>,
+        /// The server said the batch was a duplicate of an earlier one (idempotency).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        duplicate: bool,
+    },
+    /// The messages leased.
+    Pull { deliveries: Vec<Delivery> },
+    /// One result per receipt, in request order (ack: acked/stale; nack: released/
+    /// dead_lettered/stale; extend: extended/stale with `lease_expires_ms`).
+    Receipts { results: Vec<ReceiptResult> },
+    /// A stream read's answer.
+    Read {
+        /// `(offset, value)` in the order returned.
+        records: Vec<(u64, String)>,
+        next_offset: u64,
+        /// Records below the topic's first offset that the read jumped (retention).
+        #[serde(default)]
+        skipped: u64,
+        /// The subscription's cursor as the server reported it, if it did.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cursor: Option<u64>,
+    },
+    /// The cursor after a cursor move.
+    Cursor { cursor: u64 },
+    /// The whole topic as read through one node.
+    Records { records: Vec<(u64, String)> },
+    /// What the nemesis did, in words.
+    Fault { detail: String },
+}
+
+impl OpResult {
+    /// A [`OpResult::Publish`] from a publish answer's first offset and batch length.
+    pub fn publish(first_offset: u64, count: usize, duplicate: bool) -> OpResult {
+        OpResult::Publish {
+            offsets: (first_offset..first_offset + count as u64).collect(),
+            duplicate,
+        }
+    }
+
+    /// A [`OpResult::Pull`] from SDK messages.
+    pub fn pull(messages: &[Message]) -> OpResult {
+        OpResult::Pull {
+            deliveries: messages.iter().map(Delivery::from_message).collect(),
+        }
+    }
+
+    /// A [`OpResult::Read`] from an SDK read answer and the cursor, if known.
+    pub fn read(resp: &ReadResponse, cursor: Option<u64>) -> OpResult {
+        OpResult::Read {
+            records: resp.records.iter().map(record_pair).collect(),
+            next_offset: resp.next_offset,
+            skipped: resp.skipped,
+            cursor,
+        }
+    }
+
+    /// A [`OpResult::Receipts`] of `(receipt, status)` pairs.
+    pub fn receipts(results: Vec<(String, ReceiptStatus)>) -> OpResult {
+        OpResult::Receipts {
+            results: results
+                .into_iter()
+                .map(|(receipt, status)| ReceiptResult {
+                    receipt,
+                    status,
+                    lease_expires_ms: None,
+                })
+                .collect(),
+        }
+    }
+
+    /// True when this result is the kind `op` completes with.
+    pub fn matches(&self, op: &Op) -> bool {
+        matches!(
+            (op, self),
+            (Op::Publish { .. }, OpResult::Publish { .. })
+                | (Op::Pull { .. }, OpResult::Pull { .. })
+                | (
+                    Op::Ack { .. } | Op::Nack { .. } | Op::Extend { .. },
+                    OpResult::Receipts { .. }
+                )
+                | (Op::Read { .. }, OpResult::Read { .. })
+                | (Op::SetCursor { .. }, OpResult::Cursor { .. })
+                | (Op::FinalRead { .. }, OpResult::Records { .. })
+                | (Op::Fault { .. }, OpResult::Fault { .. })
+        )
+    }
+
+    /// Decodes the untagged JSON of a result for `op`.
+    pub fn from_json(op: &Op, value: serde_json::Value) -> serde_json::Result<OpResult> {
+        #[derive(Deserialize)]
+        struct Publish {
+            offsets: Vec<u64>,
+            #[serde(default)]
+            duplicate: bool,
+        }
+        #[derive(Deserialize)]
+        struct Pull {
+            deliveries: Vec<Delivery>,
+        }
+        #[derive(Deserialize)]
+        struct Receipts {
+            results: Vec<ReceiptResult>,
+        }
+        #[derive(Deserialize)]
+        struct Read {
+            records: Vec<(u64, String)>,
+            next_offset: u64,
+            #[serde(default)]
+            skipped: u64,
+            #[serde(default)]
+            cursor: Option<u64>,
+        }
+        #[derive(Deserialize)]
+        struct Cursor {
+            cursor: u64,
+        }
+        #[derive(Deserialize)]
+        struct Records {
+            records: Vec<(u64, String)>,
+        }
+        #[derive(Deserialize)]
+        struct Fault {
+            detail: String,
+        }
+        Ok(match op {
+            Op::Publish { .. } => {
+                let r: Publish = serde_json::from_value(value)?;
+                OpResult::Publish {
+                    offsets: r.offsets,
+                    duplicate: r.duplicate,
+                }
+            }
+            Op::Pull { .. } => OpResult::Pull {
+                deliveries: serde_json::from_value::<Pull>(value)?.deliveries,
+            },
+            Op::Ack { .. } | Op::Nack { .. } | Op::Extend { .. } => OpResult::Receipts {
+                results: serde_json::from_value::<Receipts>(value)?.results,
+            },
+            Op::Read { .. } => {
+                let r: Read = serde_json::from_value(value)?;
+                OpResult::Read {
+                    records: r.records,
+                    next_offset: r.next_offset,
+                    skipped: r.skipped,
+                    cursor: r.cursor,
+                }
+            }
+            Op::SetCursor { .. } => OpResult::Cursor {
+                cursor: serde_json::from_value::<Cursor>(value)?.cursor,
+            },
+            Op::FinalRead { .. } => OpResult::Records {
+                records: serde_json::from_value::<Records>(value)?.records,
+            },
+            Op::Fault { .. } => OpResult::Fault {
+                detail: serde_json::from_value::<Fault>(value)?.detail,
+            },
+        })
+    }
+}
+
+/// One event of the history. See the [module docs](self) for the JSON form.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    /// Position in the history, 0, 1, 2, … in recording order (which is also time order).
+    pub index: u64,
+    /// Monotonic microseconds since the [`History`] was created.
+    pub time_us: u64,
+    pub process: Process,
+    /// The node the client talked to (for a completion: the node that answered, when known).
+    pub node: Option<u64>,
+    pub kind: Kind,
+    /// What was asked; a completion repeats its invoke's op.
+    pub op: Op,
+    /// For completions: the index of the invoke event they complete.
+    pub invoke_index: Option<u64>,
+    /// For `ok` completions: what the server answered.
+    pub result: Option<OpResult>,
+    /// For `fail` and `info` completions: why.
+    pub error: Option<String>,
+}
+
+#[derive(Serialize)]
+struct EventOut<'a> {
+    index: u64,
+    time_us: u64,
+    process: Process,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    node: Option<u64>,
+    #[serde(rename = "type")]
+    kind: Kind,
+    #[serde(flatten)]
+    op: &'a Op,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    invoke_index: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    result: Option<&'a OpResult>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<&'a str>,
+}
+
+#[derive(Deserialize)]
+struct EventIn {
+    index: u64,
+    time_us: u64,
+    process: Process,
+    #[serde(default)]
+    node: Option<u64>,
+    #[serde(rename = "type")]
+    kind: Kind,
+    f: String,
+    #[serde(default)]
+    value: serde_json::Value,
+    #[serde(default)]
+    invoke_index: Option<u64>,
+    #[serde(default)]
+    result: Option<serde_json::Value>,
+    #[serde(default)]
+    error: Option<String>,
+}
+
+impl Serialize for Event {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        EventOut {
+            index: self.index,
+            time_us: self.time_us,
+            process: self.process,
+            node: self.node,
+            kind: self.kind,
+            op: &self.op,
+            invoke_index: self.invoke_index,
+            result: self.result.as_ref(),
+            error: self.error.as_deref(),
+        }
+        .serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Event {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error as _;
+        let raw = EventIn::deserialize(d)?;
+        let op: Op = serde_json::from_value(serde_json::json!({"f": raw.f, "value": raw.value}))
+            .map_err(D::Error::custom)?;
+        let result = match raw.result {
+            None | Some(serde_json::Value::Null) => None,
+            Some(v) => Some(OpResult::from_json(&op, v).map_err(D::Error::custom)?),
+        };
+        Ok(Event {
+            index: raw.index,
+            time_us: raw.time_us,
+            process: raw.process,
+            node: raw.node,
+            kind: raw.kind,
+            op,
+            invoke_index: raw.invoke_index,
+            result,
+            error: raw.error,
+        })
+    }
+}
+
+impl Event {
+    /// True for an invoke.
+    pub fn is_invoke(&self) -> bool {
+        self.kind == Kind::Invoke
+    }
+}
+
+struct Inner {
+    start: Instant,
+    events: Mutex<Vec<Event>>,
+    next_process: AtomicU64,
+}
+
+/// The thread-safe recorder of a history. Cheap to clone (an `Arc`); every clone records into
+/// the same history, with indexes and timestamps from one shared clock.
+#[derive(Clone)]
+pub struct History {
+    inner: Arc<Inner>,
+}
+
+impl Default for History {
+    fn default() -> Self {
+        History::new()
+    }
+}
+
+impl fmt::Debug for History {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("History")
+            .field("events", &self.len())
+            .finish()
+    }
+}
+
+impl History {
+    /// An empty history; its clock starts now.
+    pub fn new() -> History {
+        History {
+            inner: Arc::new(Inner {
+                start: Instant::now(),
+                events: Mutex::new(Vec::new()),
+                next_process: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// A fresh client process number (0, 1, 2, …, never reused). Take one per worker at the
+    /// start, and a new one whenever the worker's op completed with `info` (or was dropped):
+    /// that process is retired.
+    pub fn next_process(&self) -> Process {
+        Process::Client(self.inner.next_process.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// Microseconds since the history was created.
+    pub fn elapsed_us(&self) -> u64 {
+        self.inner.start.elapsed().as_micros() as u64
+    }
+
+    fn push(&self, mut event: Event) -> u64 {
+        let mut events = self.inner.events.lock().unwrap_or_else(|e| e.into_inner());
+        // Index and time are taken under the lock, so index order is time order.
+        event.index = events.len() as u64;
+        event.time_us = self.elapsed_us();
+        let index = event.index;
+        events.push(event);
+        index
+    }
+
+    /// Records the invoke of `op` by `process` against `node`, and returns the handle through
+    /// which its completion is recorded.
+    pub fn invoke(&self, process: Process, node: Option<u64>, op: Op) -> OpHandle {
+        let invoke_index = self.push(Event {
+            index: 0,
+            time_us: 0,
+            process,
+            node,
+            kind: Kind::Invoke,
+            op: op.clone(),
+            invoke_index: None,
+            result: None,
+            error: None,
+        });
+        OpHandle {
+            history: self.clone(),
+            process,
+            node,
+            op,
+            invoke_index,
+            done: false,
+        }
+    }
+
+    /// A copy of every event so far.
+    pub fn events(&self) -> Vec<Event> {
+        self.inner
+            .events
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Number of events so far.
+    pub fn len(&self) -> usize {
+        self.inner
+            .events
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len()
+    }
+
+    /// True when nothing was recorded yet.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Writes every event so far as JSON lines.
+    pub fn write_jsonl(&self, path: impl AsRef<Path>) -> anyhow::Result<()> {
+        write_jsonl(&self.events(), path)
+    }
+}
+
+/// The pending operation returned by [`History::invoke`]; complete it exactly once with
+/// [`ok`](OpHandle::ok), [`fail`](OpHandle::fail) or [`info`](OpHandle::info). Dropped
+/// without a completion, it records `info` with error `"abandoned"` (so a cancelled future
+/// still leaves a complete history; retire the process).
+#[derive(Debug)]
+pub struct OpHandle {
+    history: History,
+    process: Process,
+    node: Option<u64>,
+    op: Op,
+    invoke_index: u64,
+    done: bool,
+}
+
+impl OpHandle {
+    /// The index of the invoke event.
+    pub fn invoke_index(&self) -> u64 {
+        self.invoke_index
+    }
+
+    /// The op being performed.
+    pub fn op(&self) -> &Op {
+        &self.op
+    }
+
+    /// The process performing it.
+    pub fn process(&self) -> Process {
+        self.process
+    }
+
+    /// Sets the node recorded on the completion (e.g. the leader a redirect led to).
+    pub fn set_node(&mut self, node: Option<u64>) {
+        self.node = node;
+    }
+
+    fn complete(&mut self, kind: Kind, result: Option<OpResult>, error: Option<String>) -> u64 {
+        self.done = true;
+        self.history.push(Event {
+            index: 0,
+            time_us: 0,
+            process: self.process,
+            node: self.node,
+            kind,
+            op: self.op.clone(),
+            invoke_index: Some(self.invoke_index),
+            result,
+            error,
+        })
+    }
+
+    /// It happened, with this answer. Returns the completion's index.
+    ///
+    /// # Panics
+    /// When `result` is not the kind of result the op completes with (see [`OpResult`]).
+    pub fn ok(mut self, result: OpResult) -> u64 {
+        assert!(
+            result.matches(&self.op),
+            "a {} op cannot complete with {result:?}",
+            self.op.f()
+        );
+        self.complete(Kind::Ok, Some(result), None)
+    }
+
+    /// It definitely did not happen. Returns the completion's index.
+    pub fn fail(mut self, reason: impl Into<String>) -> u64 {
+        self.complete(Kind::Fail, None, Some(reason.into()))
+    }
+
+    /// Unknown whether it happened; the process is retired. Returns the completion's index.
+    pub fn info(mut self, reason: impl Into<String>) -> u64 {
+        self.complete(Kind::Info, None, Some(reason.into()))
+    }
+}
+
+impl Drop for OpHandle {
+    fn drop(&mut self) {
+        if !self.done {
+            self.complete(Kind::Info, None, Some("abandoned".to_string()));
+        }
+    }
+}
+
+/// Writes `events` as JSON lines.
+pub fn write_jsonl(events: &[Event], path: impl AsRef<Path>) -> anyhow::Result<()> {
+    let path = path.as_ref();
+    let file = File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    let mut out = BufWriter::new(file);
+    for event in events {
+        serde_json::to_writer(&mut out, event)?;
+        out.write_all(b"\n")?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
+/// Reads a history written by [`write_jsonl`] (blank lines are skipped).
+pub fn read_jsonl(path: impl AsRef<Path>) -> anyhow::Result<Vec<Event>> {
+    let path = path.as_ref();
+    let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let mut events = Vec::new();
+    for (n, line) in BufReader::new(file).lines().enumerate() {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let event: Event = serde_json::from_str(&line)
+            .with_context(|| format!("{}:{}: bad event", path.display(), n + 1))?;
+        events.push(event);
+    }
+    Ok(events)
+}
+
+/// An invoke and its completion (`None` when the history ended first).
+#[derive(Debug, Clone, Copy)]
+pub struct Pair<'a> {
+    pub invoke: &'a Event,
+    pub completion: Option<&'a Event>,
+}
+
+impl<'a> Pair<'a> {
+    /// The op.
+    pub fn op(&self) -> &'a Op {
+        &self.invoke.op
+    }
+
+    /// The outcome: the completion's kind, or [`Kind::Info`] when there is none (an op
+    /// that never completed may or may not have happened).
+    pub fn outcome(&self) -> Kind {
+        self.completion.map_or(Kind::Info, |c| c.kind)
+    }
+
+    /// The result of an `ok` completion.
+    pub fn result(&self) -> Option<&'a OpResult> {
+        self.completion
+            .filter(|c| c.kind == Kind::Ok)
+            .and_then(|c| c.result.as_ref())
+    }
+
+    /// Index of the invoke.
+    pub fn invoke_index(&self) -> u64 {
+        self.invoke.index
+    }
+
+    /// Index of the completion; `u64::MAX` when there is none (it completes "never").
+    pub fn complete_index(&self) -> u64 {
+        self.completion.map_or(u64::MAX, |c| c.index)
+    }
+
+    /// The process.
+    pub fn process(&self) -> Process {
+        self.invoke.process
+    }
+}
+
+/// Pairs every invoke with its completion, in invoke order. A completion names its invoke by
+/// `invoke_index`; one without it (a hand-written history) completes its process's oldest
+/// pending invoke, as in Jepsen. Completions without an invoke are ignored.
+pub fn pairs(events: &[Event]) -> Vec<Pair<'_>> {
+    let mut out: Vec<Pair<'_>> = Vec::new();
+    let mut slot_of_index: HashMap<u64, usize> = HashMap::new();
+    let mut pending_by_process: HashMap<Process, Vec<usize>> = HashMap::new();
+    for event in events {
+        if event.kind == Kind::Invoke {
+            slot_of_index.insert(event.index, out.len());
+            pending_by_process
+                .entry(event.process)
+                .or_default()
+                .push(out.len());
+            out.push(Pair {
+                invoke: event,
+                completion: None,
+            });
+            continue;
+        }
+        let slot = match event.invoke_index {
+            Some(i) => slot_of_index.get(&i).copied(),
+            None => pending_by_process.get(&event.process).and_then(|pending| {
+                pending
+                    .iter()
+                    .copied()
+                    .find(|&s| out[s].completion.is_none())
+            }),
+        };
+        if let Some(s) = slot {
+            if out[s].completion.is_none() {
+                out[s].completion = Some(event);
+            }
+        }
+    }
+    out
+}
+
+/// Counts of client operations (faults excluded).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OpCounts {
+    /// Invocations.
+    pub ops: u64,
+    pub ok: u64,
+    pub fail: u64,
+    /// `info` completions, plus invokes that never completed.
+    pub info: u64,
+}
+
+/// Counts the client operations of a history by outcome.
+pub fn op_counts(events: &[Event]) -> OpCounts {
+    let mut counts = OpCounts::default();
+    for pair in pairs(events) {
+        if !pair.op().is_client() {
+            continue;
+        }
+        counts.ops += 1;
+        match pair.outcome() {
+            Kind::Ok => counts.ok += 1,
+            Kind::Fail => counts.fail += 1,
+            Kind::Info | Kind::Invoke => counts.info += 1,
+        }
+    }
+    counts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn all_kinds() -> History {
+        let h = History::new();
+        let p = h.next_process();
+        h.invoke(p, Some(1), Op::publish("q", vec!["a".into(), "b".into()]))
+            .ok(OpResult::publish(0, 2, false));
+        h.invoke(
+            p,
+            Some(1),
+            Op::Publish {
+                topic: "q".into(),
+                values: vec!["c".into()],
+                producer_id: Some("p-1".into()),
+                sequence: Some(3),
+            },
+        )
+        .fail("no_leader");
+        h.invoke(p, Some(2), Op::pull("q", "s")).ok(OpResult::Pull {
+            deliveries: vec![Delivery {
+                value: "a".into(),
+                offset: 0,
+                receipt: "r0".into(),
+                delivery_count: 1,
+                lease_expires_ms: 1_000,
+            }],
+        });
+        h.invoke(
+            p,
+            Some(2),
+            Op::ack("q", "s", vec![("r0".into(), "a".into())]),
+        )
+        .ok(OpResult::receipts(vec![(
+            "r0".into(),
+            ReceiptStatus::Acked,
+        )]));
+        h.invoke(
+            p,
+            Some(2),
+            Op::Nack {
+                topic: "q".into(),
+                subscription: "s".into(),
+                receipts: vec![("r1".into(), "b".into())],
+                delay_ms: 5,
+            },
+        )
+        .ok(OpResult::receipts(vec![(
+            "r1".into(),
+            ReceiptStatus::Released,
+        )]));
+        h.invoke(
+            p,
+            Some(2),
+            Op::Extend {
+                topic: "q".into(),
+                subscription: "s".into(),
+                receipts: vec![("r2".into(), "b".into())],
+                ack_timeout_ms: Some(100),
+            },
+        )
+        .ok(OpResult::Receipts {
+            results: vec![ReceiptResult {
+                receipt: "r2".into(),
+                status: ReceiptStatus::Extended,
+                lease_expires_ms: Some(77),
+            }],
+        });
+        h.invoke(p, Some(3), Op::read("q", Some("s"), Some(0)))
+            .ok(OpResult::Read {
+                records: vec![(0, "a".into()), (1, "b".into())],
+                next_offset: 2,
+                skipped: 0,
+                cursor: Some(0),
+            });
+        h.invoke(p, Some(3), Op::read("q", None, None))
+            .info("timeout");
+        let p = h.next_process();
+        h.invoke(p, Some(1), Op::set_cursor("q", "s", 2, false))
+            .ok(OpResult::Cursor { cursor: 2 });
+        h.invoke(p, Some(1), Op::final_pull("q", "s"))
+            .ok(OpResult::Pull { deliveries: vec![] });
+        h.invoke(p, Some(1), Op::final_read("q", 1))
+            .ok(OpResult::Records {
+                records: vec![(0, "a".into()), (1, "b".into())],
+            });
+        h.invoke(
+            Process::Nemesis,
+            None,
+            Op::fault("kill", Phase::Start, vec![1, 2]),
+        )
+        .ok(OpResult::Fault {
+            detail: "killed 1, 2".into(),
+        });
+        h.invoke(
+            Process::Nemesis,
+            None,
+            Op::fault("kill", Phase::Stop, vec![]),
+        )
+        .info("restart timed out");
+        {
+            let _dropped = h.invoke(p, None, Op::read("q", None, Some(5)));
+        }
+        h
+    }
+
+    #[test]
+    fn jsonl_round_trip() {
+        let h = all_kinds();
+        let events = h.events();
+        let dir = std::env::temp_dir().join(format!("raftq-history-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("h.jsonl");
+        h.write_jsonl(&path).unwrap();
+        let back = read_jsonl(&path).unwrap();
+        assert_eq!(back, events);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text
+            .lines()
+            .next()
+            .unwrap()
+            .contains(r#""type":"invoke","f":"publish""#));
+        assert!(text.contains(r#""f":"set-cursor""#));
+        assert!(text.contains(r#""f":"final-read""#));
+        assert!(text.contains(r#""process":"nemesis""#));
+        assert!(text.contains(r#""final":true"#));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn indexes_times_and_pairs() {
+        let h = all_kinds();
+        let events = h.events();
+        for (i, e) in events.iter().enumerate() {
+            assert_eq!(e.index, i as u64);
+            if i > 0 {
+                assert!(e.time_us >= events[i - 1].time_us);
+            }
+        }
+        let ps = pairs(&events);
+        assert_eq!(ps.len(), events.len() / 2);
+        assert!(ps.iter().all(|p| p.completion.is_some()));
+        assert_eq!(ps.last().unwrap().outcome(), Kind::Info);
+        assert_eq!(
+            ps.last().unwrap().completion.unwrap().error.as_deref(),
+            Some("abandoned")
+        );
+        let counts = op_counts(&events);
+        assert_eq!(
+            counts,
+            OpCounts {
+                ops: 12,
+                ok: 9,
+                fail: 1,
+                info: 2
+            }
+        );
+        assert_eq!(h.next_process(), Process::Client(2));
+    }
+
+    #[test]
+    fn pairs_without_invoke_index_go_by_process() {
+        let h = History::new();
+        let a = h.next_process();
+        let b = h.next_process();
+        let ha = h.invoke(a, None, Op::publish("q", vec!["x".into()]));
+        let hb = h.invoke(b, None, Op::publish("q", vec!["y".into()]));
+        hb.fail("nope");
+        ha.ok(OpResult::publish(4, 1, false));
+        let mut events = h.events();
+        for e in &mut events {
+            e.invoke_index = None;
+        }
+        let ps = pairs(&events);
+        assert_eq!(ps[0].outcome(), Kind::Ok);
+        assert_eq!(ps[1].outcome(), Kind::Fail);
+        let json = serde_json::to_string(&events[3]).unwrap();
+        let back: Event = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, events[3]);
+    }
+
+    #[test]
+    #[should_panic(expected = "cannot complete")]
+    fn mismatched_result_panics() {
+        let h = History::new();
+        let p = h.next_process();
+        h.invoke(p, None, Op::pull("q", "s"))
+            .ok(OpResult::Cursor { cursor: 1 });
+    }
+}

@@ -1,0 +1,550 @@
+//! Faults applied to the hosts, as a schedule.
+//!
+//! A [`Scenario`] names one kind of fault. [`run`] repeats it until the deadline: a quiet
+//! period, then the fault for its hold time, then its undoing, and again. Every fault is
+//! recorded in the history as a start and a stop event of the nemesis process, with exactly
+//! what it did (which nodes, which groups).
+//!
+//! | scenario | fault | undone by |
+//! |---|---|---|
+//! | `kill-leader` | SIGKILL the current leader (a random node when none is known) | restart after the hold |
+//! | `kill-all` | SIGKILL every node at once | restart all after the hold |
+//! | `pause-leader` | SIGSTOP the leader for longer than the election timeout (1.2 s) | SIGCONT |
+//! | `partition-leader` | the leader alone, the others together | heal |
+//! | `partition-halves` | a random minority against the majority | heal |
+//! | `partition-ring` | majorities ring: every node sees a majority, no two the same | heal |
+//! | `partition-bridge` | two halves joined by one node that sees both | heal |
+//!
+//! # The majorities ring with three nodes
+//! Links are cut in both directions (TCP needs both), so a "view" is a set of symmetric links.
+//! With n ≥ 4 nodes in a random ring order, each node keeps links to its ⌈⌊n/2⌋/2⌉ nearest
+//! neighbours on each side: it sees a majority, and no two nodes see the same set. With three
+//! nodes a ring of pairs is every pair (no fault at all), and one-directional "grudges" as
+//! Jepsen uses them isolate everyone under TCP. The only symmetric topology where every node
+//! sees a majority and no two see the same is the line `a - b - c`: `a` sees {a,b}, `c` sees
+//! {b,c}, `b` sees all. So with three nodes the ring is that line with **the leader at one
+//! end** (`a`), so that one follower loses the leader yet keeps a majority through `b`; the
+//! bridge is the same shape with a bridge node chosen at random (it may be the leader).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use rand::seq::SliceRandom as _;
+use rand::SeedableRng as _;
+use serde::Serialize;
+
+use crate::history::{History, Op, OpResult, Phase, Process};
+use crate::hosts::Hosts;
+use crate::workload::http::Http;
+
+/// Timeout of one `GET /v1/cluster` when looking for the leader.
+const CLUSTER_TIMEOUT: Duration = Duration::from_millis(1000);
+
+/// Which fault a run applies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, clap::ValueEnum)]
+pub enum Scenario {
+    /// No fault: the baseline.
+    None,
+    KillLeader,
+    KillAll,
+    PauseLeader,
+    PartitionLeader,
+    PartitionHalves,
+    PartitionRing,
+    PartitionBridge,
+}
+
+impl Scenario {
+    /// Every scenario, in the matrix's order.
+    pub const ALL: [Scenario; 8] = [
+        Scenario::None,
+        Scenario::KillLeader,
+        Scenario::KillAll,
+        Scenario::PauseLeader,
+        Scenario::PartitionLeader,
+        Scenario::PartitionHalves,
+        Scenario::PartitionRing,
+        Scenario::PartitionBridge,
+    ];
+
+    /// The name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Scenario::None => "none",
+            Scenario::KillLeader => "kill-leader",
+            Scenario::KillAll => "kill-all",
+            Scenario::PauseLeader => "pause-leader",
+            Scenario::PartitionLeader => "partition-leader",
+            Scenario::PartitionHalves => "partition-halves",
+            Scenario::PartitionRing => "partition-ring",
+            Scenario::PartitionBridge => "partition-bridge",
+        }
+    }
+
+    /// The fault's kind as the results table shows it.
+    pub fn fault(self) -> &'static str {
+        match self {
+            Scenario::None => "-",
+            Scenario::KillLeader | Scenario::KillAll => "kill -9",
+            Scenario::PauseLeader => "SIGSTOP",
+            _ => "partition",
+        }
+    }
+
+    /// Default timing: the quiet time before each fault and how long a fault holds.
+    pub fn default_timing(self) -> Timing {
+        let (quiet, hold) = match self {
+            Scenario::None => (0, 0),
+            Scenario::KillLeader => (3000, 3000),
+            Scenario::KillAll => (4000, 2000),
+            // Longer than the election timeout (1.2 s): the others elect a new leader while
+            // the old one is frozen, and it wakes up deposed.
+            Scenario::PauseLeader => (3000, 3000),
+            _ => (3000, 6000),
+        };
+        Timing {
+            quiet: Duration::from_millis(quiet),
+            hold: Duration::from_millis(hold),
+        }
+    }
+}
+
+impl std::fmt::Display for Scenario {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// When faults happen.
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    /// Quiet time before each fault.
+    pub quiet: Duration,
+    /// How long each fault holds before it is undone.
+    pub hold: Duration,
+}
+
+/// One fault, as applied and as recorded in the history.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Fault {
+    /// SIGKILL these nodes; undone by starting them again.
+    Kill { nodes: Vec<u64> },
+    /// SIGSTOP these nodes; undone by SIGCONT.
+    Pause { nodes: Vec<u64> },
+    /// Nodes talk only within their groups; undone by healing.
+    Partition { groups: Vec<Vec<u64>> },
+}
+
+impl Fault {
+    /// A short text for logs and the history, e.g. `partition [[1],[2,3]]`.
+    pub fn describe(&self) -> String {
+        match self {
+            Fault::Kill { nodes } => format!("kill {nodes:?}"),
+            Fault::Pause { nodes } => format!("pause {nodes:?}"),
+            Fault::Partition { groups } => format!("partition {groups:?}"),
+        }
+    }
+}
+
+/// The leader as the nodes see it: asks every node concurrently and takes the leader named
+/// with the highest term. `None` when no node answers with a leader.
+pub async fn find_leader(http: &Http) -> Option<u64> {
+    cluster_views(http)
+        .await
+        .into_values()
+        .filter_map(|(term, leader)| Some((term, leader?)))
+        .max()
+        .map(|(_, leader)| leader)
+}
+
+/// Each answering node's `(term, leader_id)`.
+pub async fn cluster_views(http: &Http) -> BTreeMap<u64, (u64, Option<u64>)> {
+    let asks = http.ids().into_iter().map(|id| async move {
+        let status: Option<raftq_client::api::ClusterStatus> =
+            http.get_json(id, "/v1/cluster", CLUSTER_TIMEOUT).await;
+        status.map(|s| (id, (s.term, s.leader_id)))
+    });
+    futures::future::join_all(asks)
+        .await
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
+/// Waits until every node in `ids` answers and all name the same leader, which is one of
+/// them; returns it, or `None` when `timeout` passes first.
+pub async fn await_agreed_leader(http: &Http, ids: &[u64], timeout: Duration) -> Option<u64> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let views = cluster_views(http).await;
+        let leaders: Vec<Option<u64>> = ids
+            .iter()
+            .map(|id| views.get(id).and_then(|(_, leader)| *leader))
+            .collect();
+        if let Some(Some(leader)) = leaders.first() {
+            if leaders.iter().all(|l| *l == Some(*leader)) && ids.contains(leader) {
+                return Some(*leader);
+            }
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The leader alone; everyone else together.
+pub fn isolate(ids: &[u64], node: u64) -> Vec<Vec<u64>> {
+    let rest: Vec<u64> = ids.iter().copied().filter(|id| *id != node).collect();
+    vec![vec![node], rest]
+}
+
+/// A random minority (⌊n/2⌋ nodes, in `order`'s first places) against the majority.
+pub fn halves(order: &[u64]) -> Vec<Vec<u64>> {
+    let cut = order.len() / 2;
+    let mut minority = order[..cut].to_vec();
+    let mut majority = order[cut..].to_vec();
+    minority.sort_unstable();
+    majority.sort_unstable();
+    vec![minority, majority]
+}
+
+/// A majorities ring over the nodes in `order` (see the module documentation). With three
+/// nodes: the line `order[0] - order[1] - order[2]`, so put the leader first.
+pub fn majorities_ring(order: &[u64]) -> Vec<Vec<u64>> {
+    let n = order.len();
+    if n <= 3 {
+        return order
+            .windows(2)
+            .map(|pair| {
+                let mut pair = pair.to_vec();
+                pair.sort_unstable();
+                pair
+            })
+            .collect();
+    }
+    // Links to the `reach` nearest neighbours on each side: 1 + 2 * reach > n / 2.
+    let reach = (n / 2).div_ceil(2);
+    let mut groups = Vec::new();
+    for i in 0..n {
+        for k in 1..=reach {
+            let mut pair = vec![order[i], order[(i + k) % n]];
+            pair.sort_unstable();
+            if !groups.contains(&pair) {
+                groups.push(pair);
+            }
+        }
+    }
+    groups
+}
+
+/// Two halves joined by `order[0]`, which belongs to both.
+pub fn bridge(order: &[u64]) -> Vec<Vec<u64>> {
+    let Some((&bridge_node, rest)) = order.split_first() else {
+        return Vec::new();
+    };
+    let cut = rest.len() / 2;
+    let mut left: Vec<u64> = std::iter::once(bridge_node)
+        .chain(rest[..cut].iter().copied())
+        .collect();
+    let mut right: Vec<u64> = std::iter::once(bridge_node)
+        .chain(rest[cut..].iter().copied())
+        .collect();
+    left.sort_unstable();
+    right.sort_unstable();
+    vec![left, right]
+}
+
+/// Chooses the next fault of `scenario`. `leader` is the current leader, if known.
+pub fn choose(
+    scenario: Scenario,
+    ids: &[u64],
+    leader: Option<u64>,
+    rng: &mut impl rand::Rng,
+) -> Option<Fault> {
+    let mut shuffled = ids.to_vec();
+    shuffled.shuffle(rng);
+    // The leader, or a random node when no leader is known (leader-biased faults).
+    let target = leader
+        .filter(|l| ids.contains(l))
+        .unwrap_or_else(|| shuffled[0]);
+    let leader_first = || {
+        let mut order = vec![target];
+        order.extend(shuffled.iter().copied().filter(|id| *id != target));
+        order
+    };
+    Some(match scenario {
+        Scenario::None => return None,
+        Scenario::KillLeader => Fault::Kill {
+            nodes: vec![target],
+        },
+        Scenario::KillAll => Fault::Kill {
+            nodes: ids.to_vec(),
+        },
+        Scenario::PauseLeader => Fault::Pause {
+            nodes: vec![target],
+        },
+        Scenario::PartitionLeader => Fault::Partition {
+            groups: isolate(ids, target),
+        },
+        Scenario::PartitionHalves => Fault::Partition {
+            groups: halves(&shuffled),
+        },
+        Scenario::PartitionRing => Fault::Partition {
+            groups: majorities_ring(&if ids.len() <= 3 {
+                leader_first()
+            } else {
+                shuffled.clone()
+            }),
+        },
+        Scenario::PartitionBridge => Fault::Partition {
+            groups: bridge(&shuffled),
+        },
+    })
+}
+
+/// Applies `fault`.
+pub async fn apply<H: Hosts>(hosts: &H, fault: &Fault) -> anyhow::Result<()> {
+    match fault {
+        Fault::Kill { nodes } => {
+            // All at once: the kills run concurrently (SIGKILL is sent before any reaping).
+            let kills = nodes.iter().map(|id| hosts.kill(*id));
+            for result in futures::future::join_all(kills).await {
+                result?;
+            }
+        }
+        Fault::Pause { nodes } => {
+            for id in nodes {
+                hosts.pause(*id).await?;
+            }
+        }
+        Fault::Partition { groups } => hosts.partition(groups).await?,
+    }
+    Ok(())
+}
+
+/// Undoes `fault`.
+pub async fn undo<H: Hosts>(hosts: &H, fault: &Fault) -> anyhow::Result<()> {
+    match fault {
+        Fault::Kill { nodes } => {
+            for id in nodes {
+                hosts.start(*id).await?;
+            }
+        }
+        Fault::Pause { nodes } => {
+            for id in nodes {
+                hosts.resume(*id).await?;
+            }
+        }
+        Fault::Partition { .. } => hosts.heal().await?,
+    }
+    Ok(())
+}
+
+/// One fault as the run applied it, for the results file.
+#[derive(Debug, Clone, Serialize)]
+pub struct Applied {
+    pub fault: Fault,
+    /// The leader when the fault was chosen.
+    pub leader: Option<u64>,
+    /// Milliseconds since the history's start.
+    pub start_ms: u64,
+    pub stop_ms: Option<u64>,
+    /// Why applying or undoing it failed, if it did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// The nodes a fault touches: killed or paused ones; for a partition, every node that lost a
+/// link.
+pub fn targets(fault: &Fault, ids: &[u64]) -> Vec<u64> {
+    match fault {
+        Fault::Kill { nodes } | Fault::Pause { nodes } => nodes.clone(),
+        Fault::Partition { groups } => ids
+            .iter()
+            .copied()
+            .filter(|a| ids.iter().any(|b| !crate::hosts::connected(groups, *a, *b)))
+            .collect(),
+    }
+}
+
+/// Applies faults of `scenario` on the schedule of `timing` until `deadline`, recording each
+/// start and stop in `history` as the nemesis process. A fault is only started when it can be
+/// undone by the deadline; whatever it did is undone before this returns.
+pub async fn run<H: Hosts>(
+    hosts: &H,
+    http: &Http,
+    history: &History,
+    scenario: Scenario,
+    timing: Timing,
+    deadline: Instant,
+    seed: u64,
+) -> Vec<Applied> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let ids = hosts.ids();
+    let mut applied = Vec::new();
+    if scenario == Scenario::None {
+        return applied;
+    }
+    loop {
+        let quiet = jitter(timing.quiet, &mut rng);
+        if Instant::now() + quiet + timing.hold > deadline {
+            break;
+        }
+        tokio::time::sleep(quiet).await;
+        let leader = find_leader(http).await;
+        let Some(fault) = choose(scenario, &ids, leader, &mut rng) else {
+            break;
+        };
+        let name = scenario.name();
+        let touched = targets(&fault, &ids);
+        let detail = format!("{} (leader: {})", fault.describe(), show(leader));
+        let start_ms = history.elapsed_us() / 1000;
+        say(history, &format!("start {name}: {detail}"));
+        let handle = history.invoke(
+            Process::Nemesis,
+            None,
+            Op::fault(name, Phase::Start, touched.clone()),
+        );
+        let mut error = None;
+        match apply(hosts, &fault).await {
+            Ok(()) => {
+                handle.ok(OpResult::Fault {
+                    detail: detail.clone(),
+                });
+            }
+            Err(err) => {
+                say(history, &format!("cannot apply {name}: {err:#}"));
+                error = Some(format!("apply: {err:#}"));
+                handle.info(format!("{err:#}"));
+            }
+        }
+        tokio::time::sleep(timing.hold).await;
+        let handle = history.invoke(
+            Process::Nemesis,
+            None,
+            Op::fault(name, Phase::Stop, touched),
+        );
+        match undo(hosts, &fault).await {
+            Ok(()) => {
+                handle.ok(OpResult::Fault {
+                    detail: format!("undone: {}", fault.describe()),
+                });
+            }
+            Err(err) => {
+                say(history, &format!("cannot undo {name}: {err:#}"));
+                error.get_or_insert(format!("undo: {err:#}"));
+                handle.info(format!("{err:#}"));
+            }
+        }
+        say(history, &format!("stop {name}"));
+        applied.push(Applied {
+            fault,
+            leader,
+            start_ms,
+            stop_ms: Some(history.elapsed_us() / 1000),
+            error,
+        });
+    }
+    applied
+}
+
+fn show(node: Option<u64>) -> String {
+    node.map_or_else(|| "none".to_string(), |n| n.to_string())
+}
+
+/// A progress line, stamped with the time since the history began.
+pub fn say(history: &History, text: &str) {
+    eprintln!(
+        "[{:>6.1}s] nemesis: {text}",
+        history.elapsed_us() as f64 / 1e6
+    );
+}
+
+/// Picks a seeded random number generator's next delay jitter: up to a quarter of `base`.
+fn jitter(base: Duration, rng: &mut impl rand::Rng) -> Duration {
+    let quarter = base.as_millis() as u64 / 4;
+    if quarter == 0 {
+        return base;
+    }
+    base + Duration::from_millis(rng.gen_range(0..=quarter))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hosts::connected;
+
+    /// Which nodes `id` can talk to under `groups`, itself included.
+    fn view(groups: &[Vec<u64>], ids: &[u64], id: u64) -> Vec<u64> {
+        ids.iter()
+            .copied()
+            .filter(|other| connected(groups, id, *other))
+            .collect()
+    }
+
+    fn assert_majorities_ring(ids: &[u64]) {
+        let groups = majorities_ring(ids);
+        let views: Vec<Vec<u64>> = ids.iter().map(|id| view(&groups, ids, *id)).collect();
+        for (id, v) in ids.iter().zip(&views) {
+            assert!(v.len() > ids.len() / 2, "node {id} sees {v:?}: no majority");
+        }
+        for (i, a) in views.iter().enumerate() {
+            for b in &views[i + 1..] {
+                assert_ne!(a, b, "two nodes see the same set with {groups:?}");
+            }
+        }
+        assert!(
+            views.iter().any(|v| v.len() < ids.len()),
+            "{groups:?} cuts nothing"
+        );
+    }
+
+    #[test]
+    fn rings_give_every_node_a_different_majority() {
+        assert_majorities_ring(&[2, 1, 3]);
+        assert_majorities_ring(&[1, 2, 3, 4]);
+        assert_majorities_ring(&[1, 2, 3, 4, 5]);
+        assert_majorities_ring(&[5, 3, 1, 7, 2, 6, 4]);
+        // Three nodes: a line with the first node (the leader) at one end.
+        assert_eq!(majorities_ring(&[2, 1, 3]), vec![vec![1, 2], vec![1, 3]]);
+    }
+
+    #[test]
+    fn halves_bridge_and_isolation() {
+        assert_eq!(halves(&[3, 1, 2]), vec![vec![3], vec![1, 2]]);
+        assert_eq!(halves(&[5, 4, 3, 2, 1]), vec![vec![4, 5], vec![1, 2, 3]]);
+        assert_eq!(bridge(&[2, 3, 1]), vec![vec![2, 3], vec![1, 2]]);
+        assert_eq!(bridge(&[3, 1, 2, 4, 5]), vec![vec![1, 2, 3], vec![3, 4, 5]]);
+        assert_eq!(isolate(&[1, 2, 3], 2), vec![vec![2], vec![1, 3]]);
+    }
+
+    #[test]
+    fn leader_faults_target_the_leader() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let ids = [1, 2, 3];
+        assert_eq!(
+            choose(Scenario::KillLeader, &ids, Some(2), &mut rng),
+            Some(Fault::Kill { nodes: vec![2] })
+        );
+        assert_eq!(
+            choose(Scenario::PartitionLeader, &ids, Some(3), &mut rng),
+            Some(Fault::Partition {
+                groups: vec![vec![3], vec![1, 2]]
+            })
+        );
+        let Some(Fault::Partition { groups }) =
+            choose(Scenario::PartitionRing, &ids, Some(1), &mut rng)
+        else {
+            panic!("a ring is a partition");
+        };
+        // The leader keeps a link to exactly one follower.
+        assert_eq!(view(&groups, &ids, 1).len(), 2);
+        assert_eq!(choose(Scenario::None, &ids, Some(1), &mut rng), None);
+        assert!(matches!(
+            choose(Scenario::KillLeader, &ids, None, &mut rng),
+            Some(Fault::Kill { nodes }) if nodes.len() == 1
+        ));
+    }
+}

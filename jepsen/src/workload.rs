@@ -1,0 +1,416 @@
+//! Clients that drive the cluster and record the history.
+//!
+//! - [`http`]: the raw HTTP client (no automatic redirects, no pooled connections) and the
+//!   classification of answers into ok / fail / info.
+//! - [`queue`]: the queue workload: publishers, consumers that pull and ack, and the final
+//!   drain.
+//! - [`stream`]: the stream workload: publishers and readers that move subscription cursors
+//!   with `from=next_offset`.
+//! - Both end with [`final_reads`]: the whole topic read through each node separately.
+//!
+//! Every worker is one logical client at a time: it takes a [`Process`] from the history, and
+//! after an `info` completion it retires that process and continues under a fresh one.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use reqwest::Method;
+use serde::Serialize;
+use serde_json::json;
+
+use raftq_client::api::PublishResponse;
+
+use self::http::{Answer, Class, Http};
+use crate::history::{History, Op, OpResult, Process};
+
+pub mod http;
+pub mod queue;
+pub mod stream;
+
+/// Which workload a run drives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Workload {
+    Queue,
+    Stream,
+}
+
+impl Workload {
+    pub fn name(self) -> &'static str {
+        match self {
+            Workload::Queue => "queue",
+            Workload::Stream => "stream",
+        }
+    }
+}
+
+/// Settings shared by the workloads.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The topic the run uses.
+    pub topic: String,
+    /// The subscription (queue: the consumers' shared one; stream: a prefix per reader).
+    pub subscription: String,
+    /// Concurrent publishers.
+    pub publishers: usize,
+    /// Concurrent consumers (queue) or readers (stream).
+    pub consumers: usize,
+    /// Lease length of the queue subscription.
+    pub ack_timeout_ms: u64,
+    /// Timeout of one request (a long-poll adds its wait).
+    pub request_timeout: Duration,
+    /// Most records one pull leases.
+    pub pull_max: u32,
+    /// Long-poll of one pull or read.
+    pub wait_ms: u64,
+    /// Pause of a publisher between two publishes (bounds the request rate).
+    pub publish_pause: Duration,
+    /// Most client operations the workload phase invokes (the final phase is bounded apart).
+    pub max_ops: u64,
+    /// Bound of the final drain.
+    pub drain_timeout: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            topic: "jepsen".to_string(),
+            subscription: "s".to_string(),
+            publishers: 3,
+            consumers: 2,
+            ack_timeout_ms: 3000,
+            request_timeout: Duration::from_secs(3),
+            pull_max: 20,
+            wait_ms: 500,
+            publish_pause: Duration::from_millis(5),
+            max_ops: 50_000,
+            drain_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// What the workers share.
+pub struct Ctx {
+    pub http: Http,
+    pub history: History,
+    pub settings: Settings,
+    /// End of the workload phase.
+    pub deadline: Instant,
+    /// Operations invoked so far in the workload phase, against [`Settings::max_ops`].
+    invoked: AtomicU64,
+    /// Progress counters for the console.
+    pub progress: Progress,
+}
+
+/// Counters for the progress line.
+#[derive(Debug, Default)]
+pub struct Progress {
+    pub ok: AtomicU64,
+    pub fail: AtomicU64,
+    pub info: AtomicU64,
+    /// Values acknowledged by `ok` publishes.
+    pub published: AtomicU64,
+    /// Records returned by `ok` pulls or reads.
+    pub received: AtomicU64,
+}
+
+impl Progress {
+    fn count(&self, class: Class) {
+        let counter = match class {
+            Class::Ok => &self.ok,
+            Class::Fail => &self.fail,
+            Class::Info => &self.info,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// `ok=.. fail=.. info=.. published=.. received=..`.
+    pub fn line(&self) -> String {
+        format!(
+            "ok={} fail={} info={} published={} received={}",
+            self.ok.load(Ordering::Relaxed),
+            self.fail.load(Ordering::Relaxed),
+            self.info.load(Ordering::Relaxed),
+            self.published.load(Ordering::Relaxed),
+            self.received.load(Ordering::Relaxed),
+        )
+    }
+}
+
+impl Ctx {
+    pub fn new(http: Http, history: History, settings: Settings, deadline: Instant) -> Arc<Ctx> {
+        Arc::new(Ctx {
+            http,
+            history,
+            settings,
+            deadline,
+            invoked: AtomicU64::new(0),
+            progress: Progress::default(),
+        })
+    }
+
+    /// True while the workload phase may invoke another operation (time and op budget).
+    pub fn may_invoke(&self) -> bool {
+        Instant::now() < self.deadline
+            && self.invoked.fetch_add(1, Ordering::Relaxed) < self.settings.max_ops
+    }
+
+    /// Request timeout plus a long-poll wait.
+    pub fn timeout_with_wait(&self, wait_ms: u64) -> Duration {
+        self.settings.request_timeout + Duration::from_millis(wait_ms)
+    }
+
+    /// Path of the run's topic, plus `rest`.
+    pub fn topic_path(&self, rest: &str) -> String {
+        format!("/v1/topics/{}{rest}", self.settings.topic)
+    }
+}
+
+/// One logical client: its current process and the node it talks to.
+pub struct Client {
+    pub process: Process,
+    pub node: u64,
+}
+
+impl Client {
+    /// A client with a fresh process, starting at `node`.
+    pub fn new(history: &History, node: u64) -> Client {
+        Client {
+            process: history.next_process(),
+            node,
+        }
+    }
+
+    /// The process number (for value names).
+    pub fn number(&self) -> u64 {
+        match self.process {
+            Process::Client(n) => n,
+            Process::Nemesis => u64::MAX,
+        }
+    }
+
+    /// After an answer: retire the process on `info`; move to the leader the answer named, or
+    /// to the next node when this one could not serve.
+    pub fn after(&mut self, ctx: &Ctx, answer: &Answer) {
+        ctx.progress.count(answer.class);
+        if answer.class == Class::Info {
+            self.process = ctx.history.next_process();
+        }
+        if answer.class == Class::Ok {
+            self.node = answer.node;
+        } else if answer.should_rotate() {
+            self.node = match answer.leader_hint {
+                Some(leader) if leader != answer.node => leader,
+                _ => ctx.http.next_node(answer.node),
+            };
+        }
+    }
+}
+
+/// Pause after an answer that was not ok, so that a leaderless cluster is not hammered.
+pub async fn back_off(answer: &Answer) {
+    if answer.class != Class::Ok {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Sends a setup request (create a topic or subscription) until it succeeds, trying every node
+/// in turn, for at most `timeout`. Not recorded in the history: setup is not under test.
+pub async fn setup_request(
+    http: &Http,
+    method: Method,
+    path: &str,
+    body: &serde_json::Value,
+    timeout: Duration,
+) -> anyhow::Result<Answer> {
+    let deadline = Instant::now() + timeout;
+    let mut node = http.ids().first().copied().unwrap_or(1);
+    loop {
+        let answer = http
+            .send(
+                node,
+                method.clone(),
+                path,
+                Some(body),
+                Duration::from_secs(5),
+            )
+            .await;
+        if answer.class == Class::Ok {
+            return Ok(answer);
+        }
+        if answer
+            .status
+            .is_some_and(|s| (400..500).contains(&s) && s != 429)
+        {
+            anyhow::bail!(
+                "{method} {path} refused: {:?} {}",
+                answer.error,
+                answer.body
+            );
+        }
+        if Instant::now() >= deadline {
+            anyhow::bail!(
+                "{method} {path} did not succeed within {timeout:?}: {:?}",
+                answer.error
+            );
+        }
+        node = answer.leader_hint.unwrap_or_else(|| http.next_node(node));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Creates the run's topic.
+pub async fn create_topic(http: &Http, topic: &str) -> anyhow::Result<()> {
+    setup_request(
+        http,
+        Method::PUT,
+        &format!("/v1/topics/{topic}"),
+        &json!({}),
+        Duration::from_secs(30),
+    )
+    .await
+    .map(drop)
+}
+
+/// The node worker `slot` starts at.
+pub fn first_node(ctx: &Ctx, slot: usize) -> u64 {
+    let ids = ctx.http.ids();
+    ids[slot % ids.len()]
+}
+
+/// A publisher: one unique value `p<process>-<seq>` per request until the deadline or the
+/// op budget.
+pub async fn publisher(ctx: &Ctx, slot: usize) {
+    let mut client = Client::new(&ctx.history, first_node(ctx, slot));
+    let mut process = client.process;
+    let mut seq = 0u64;
+    let path = ctx.topic_path("/records");
+    while ctx.may_invoke() {
+        if client.process != process {
+            (process, seq) = (client.process, 0);
+        }
+        let value = format!("p{}-{seq}", client.number());
+        seq += 1;
+        let mut handle = ctx.history.invoke(
+            client.process,
+            Some(client.node),
+            Op::publish(&ctx.settings.topic, vec![value.clone()]),
+        );
+        let body = json!({"records": [{"value": value}]});
+        let mut answer = ctx
+            .http
+            .send(
+                client.node,
+                Method::POST,
+                &path,
+                Some(&body),
+                ctx.settings.request_timeout,
+            )
+            .await;
+        handle.set_node(Some(answer.node));
+        match answer.class {
+            Class::Ok => match answer.decode::<PublishResponse>() {
+                Some(r) => {
+                    handle.ok(OpResult::publish(r.first_offset, 1, r.duplicate));
+                    ctx.progress
+                        .published
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                None => {
+                    answer.class = Class::Info;
+                    handle.info(format!("2xx with an unexpected body: {}", answer.body));
+                }
+            },
+            Class::Fail => {
+                handle.fail(answer.error.clone().unwrap_or_default());
+            }
+            Class::Info => {
+                handle.info(answer.error.clone().unwrap_or_default());
+            }
+        }
+        client.after(ctx, &answer);
+        back_off(&answer).await;
+        tokio::time::sleep(ctx.settings.publish_pause).await;
+    }
+}
+
+/// What the final reads found, for the results file.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct FinalReads {
+    /// Node -> records read through it (`None`: its read failed).
+    pub records: std::collections::BTreeMap<u64, Option<usize>>,
+    /// True when every node returned the same records.
+    pub identical: bool,
+}
+
+/// The final read of the whole topic through each node separately (no redirects), each
+/// recorded as one [`Op::FinalRead`]. Before reading, waits (bounded) until the node has
+/// applied everything the leader had committed, so that a lagging follower is not mistaken
+/// for a divergent one.
+pub async fn final_reads(ctx: &Ctx, leader: u64) -> FinalReads {
+    let http = &ctx.http;
+    let timeout = ctx.settings.request_timeout;
+    let commit_index = http
+        .get_json::<raftq_client::api::ClusterStatus>(leader, "/v1/cluster", timeout)
+        .await
+        .map_or(0, |s| s.commit_index);
+    let mut out = FinalReads::default();
+    let mut seen: Vec<Vec<(u64, String)>> = Vec::new();
+    let mut client = Client::new(&ctx.history, leader);
+    for node in http.ids() {
+        let caught_up_by = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < caught_up_by {
+            let status: Option<raftq_client::api::ClusterStatus> =
+                http.get_json(node, "/v1/cluster", timeout).await;
+            if status.is_some_and(|s| s.last_applied >= commit_index) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let mut handle = ctx.history.invoke(
+            client.process,
+            Some(node),
+            Op::final_read(&ctx.settings.topic, node),
+        );
+        match read_all(ctx, node).await {
+            Ok(records) => {
+                out.records.insert(node, Some(records.len()));
+                seen.push(records.clone());
+                handle.set_node(Some(node));
+                handle.ok(OpResult::Records { records });
+            }
+            Err(answer) => {
+                out.records.insert(node, None);
+                let why = answer.error.clone().unwrap_or_else(|| "read failed".into());
+                // A read changes nothing: a failed one simply did not happen.
+                handle.fail(why);
+                client.after(ctx, &answer);
+            }
+        }
+    }
+    out.identical = seen.windows(2).all(|w| w[0] == w[1]) && !seen.is_empty();
+    out
+}
+
+/// Reads the whole topic through `node` alone, page by page.
+async fn read_all(ctx: &Ctx, node: u64) -> Result<Vec<(u64, String)>, Answer> {
+    let mut records = Vec::new();
+    let mut from = 0u64;
+    loop {
+        let path = ctx.topic_path(&format!("/records?from={from}&max=1000"));
+        let answer = ctx
+            .http
+            .send(node, Method::GET, &path, None, ctx.settings.request_timeout)
+            .await;
+        let Some(page) = answer.decode::<raftq_client::api::ReadResponse>() else {
+            return Err(answer);
+        };
+        let got = page.records.len();
+        records.extend(page.records.iter().map(crate::history::record_pair));
+        if got == 0 || page.next_offset >= page.high_watermark {
+            return Ok(records);
+        }
+        from = page.next_offset;
+    }
+}

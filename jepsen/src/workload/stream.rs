@@ -1,0 +1,120 @@
+//! The stream workload: publishers, and readers that move subscription cursors by reading
+//! with `from=next_offset`.
+//!
+//! - Publishers as in the queue workload: one unique value per request.
+//! - Each reader has a subscription of its own (`<subscription>-r<slot>`, start `first`), so
+//!   that the poll checks can hold each subscription to one process at a time. A reader reads
+//!   `?subscription=S&from=N` with N the previous answer's `next_offset`: the read also says
+//!   "everything before N is done" and moves the cursor forward (a write: a follower answers
+//!   307, followed to the leader). A fresh process (the first, or one after `info`) reads
+//!   without `from`, resuming at the subscription's cursor.
+//! - The final phase is the final read through every node (see [`super::final_reads`]).
+
+use std::time::Duration;
+
+use raftq_client::api::ReadResponse;
+use reqwest::Method;
+use serde_json::json;
+
+use super::http::{Class, Http};
+use super::{back_off, create_topic, setup_request, Client, Ctx, Settings};
+use crate::history::{Op, OpResult};
+
+/// Most records one read asks for.
+const READ_MAX: u64 = 100;
+
+/// The subscription of reader `slot`.
+fn reader_subscription(settings: &Settings, slot: usize) -> String {
+    format!("{}-r{slot}", settings.subscription)
+}
+
+/// Creates the topic and one subscription per reader.
+pub async fn setup(http: &Http, settings: &Settings) -> anyhow::Result<()> {
+    create_topic(http, &settings.topic).await?;
+    for slot in 0..settings.consumers {
+        setup_request(
+            http,
+            Method::PUT,
+            &format!(
+                "/v1/topics/{}/subscriptions/{}",
+                settings.topic,
+                reader_subscription(settings, slot)
+            ),
+            &json!({"start": "first"}),
+            Duration::from_secs(30),
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// Runs the publishers and readers until the deadline or the op budget.
+pub async fn run(ctx: &Ctx) {
+    let publishers = (0..ctx.settings.publishers).map(|slot| super::publisher(ctx, slot));
+    let readers = (0..ctx.settings.consumers).map(|slot| reader(ctx, slot));
+    futures::future::join(
+        futures::future::join_all(publishers),
+        futures::future::join_all(readers),
+    )
+    .await;
+}
+
+async fn reader(ctx: &Ctx, slot: usize) {
+    let sub = reader_subscription(&ctx.settings, slot);
+    let mut client = Client::new(&ctx.history, super::first_node(ctx, slot + 1));
+    // Where this process's next read starts; `None`: at the subscription's cursor.
+    let mut from: Option<u64> = None;
+    let mut process = client.process;
+    let wait_ms = ctx.settings.wait_ms;
+    while ctx.may_invoke() {
+        if client.process != process {
+            // A fresh process resumes at the cursor, as a restarted consumer would.
+            (process, from) = (client.process, None);
+        }
+        let mut path = ctx.topic_path(&format!(
+            "/records?subscription={sub}&max={READ_MAX}&wait_ms={wait_ms}"
+        ));
+        if let Some(n) = from {
+            path.push_str(&format!("&from={n}"));
+        }
+        let mut handle = ctx.history.invoke(
+            client.process,
+            Some(client.node),
+            Op::read(&ctx.settings.topic, Some(&sub), from),
+        );
+        let mut answer = ctx
+            .http
+            .send(
+                client.node,
+                Method::GET,
+                &path,
+                None,
+                ctx.timeout_with_wait(wait_ms),
+            )
+            .await;
+        handle.set_node(Some(answer.node));
+        match answer.class {
+            Class::Ok => match answer.decode::<ReadResponse>() {
+                Some(r) => {
+                    ctx.progress
+                        .received
+                        .fetch_add(r.records.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                    from = Some(r.next_offset);
+                    handle.ok(OpResult::read(&r, None));
+                }
+                None => {
+                    answer.class = Class::Info;
+                    handle.info(format!("2xx with an unexpected body: {}", answer.body));
+                }
+            },
+            Class::Fail => {
+                handle.fail(answer.error.clone().unwrap_or_default());
+            }
+            Class::Info => {
+                handle.info(answer.error.clone().unwrap_or_default());
+            }
+        }
+        client.after(ctx, &answer);
+        back_off(&answer).await;
+    }
+}
