@@ -48,6 +48,8 @@ if [[ "${RAFTQ_SKIP_CHAOS:-0}" == 1 && "${CI:-}" != true ]]; then
 else
     step "chaos subset: kill-leader, kill-all, pause-leader, partition-leader (queue, 10 s each)" \
         scripts/chaos.sh 10s --scenarios kill-leader,kill-all,pause-leader,partition-leader
+    step "chaos negative control: kill-all against the no-WAL build must be judged INVALID" \
+        scripts/negative-control.sh 10s
 fi
 
 ok "all checks passed"

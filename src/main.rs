@@ -1,4 +1,4 @@
-//! The `raftq` command.
+// The `raftq` command (also built, WAL off, as the chaos suite's negative control).
 
 use clap::{Parser, Subcommand};
 
@@ -29,8 +29,10 @@ enum Cmd {
 fn init_logging(format: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("RAFTQ_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=error"));
+    use std::io::IsTerminal;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     if format == "json" {
         builder.json().init();

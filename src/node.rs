@@ -169,6 +169,12 @@ fn raft_config(settings: &Settings) -> anyhow::Result<openraft::Config> {
 
 /// Starts a node and runs it until a signal (graceful shutdown) or a fatal error.
 pub async fn run(settings: Settings) -> anyhow::Result<()> {
+    if cfg!(feature = "negative-control-unsafe-no-fsync") {
+        tracing::error!(
+            "NEGATIVE CONTROL BUILD: writes skip the WAL and fsync; acknowledged data WILL be lost \
+             on a crash. This binary exists only to prove the chaos suite detects loss."
+        );
+    }
     let datadir = DataDir::open(&settings.data, &settings.cluster_id, settings.id)?;
     let db = store::open_db(&datadir.db_path()).with_context(|| {
         format!(

@@ -380,6 +380,19 @@ pub async fn final_reads(ctx: &Ctx, leader: u64) -> FinalReads {
                 handle.set_node(Some(node));
                 handle.ok(OpResult::Records { records });
             }
+            // The node answers, definitely, that the topic does not exist: the read happened
+            // and found nothing. (A cluster that lost its state after a crash looks like this;
+            // counting it as "no read" would hide the loss.)
+            Err(answer)
+                if answer.status == Some(404) && answer.body["code"] == "topic_not_found" =>
+            {
+                out.records.insert(node, Some(0));
+                seen.push(Vec::new());
+                handle.set_node(Some(node));
+                handle.ok(OpResult::Records {
+                    records: Vec::new(),
+                });
+            }
             Err(answer) => {
                 out.records.insert(node, None);
                 let why = answer.error.clone().unwrap_or_else(|| "read failed".into());

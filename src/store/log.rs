@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{ErrorSubject, ErrorVerb, OptionalSend, RaftLogId, RaftLogReader, StorageIOError};
-use rocksdb::{Direction, IteratorMode, WriteBatch, WriteOptions, DB};
+use rocksdb::{Direction, IteratorMode, WriteBatch, DB};
 
 use super::{keys, CF_LOG, CF_RAFT};
 use crate::codec;
@@ -64,12 +64,6 @@ fn decode_entry(bytes: &[u8]) -> StorageResult<Entry> {
     }
 }
 
-fn synced() -> WriteOptions {
-    let mut w = WriteOptions::default();
-    w.set_sync(true);
-    w
-}
-
 impl LogStore {
     pub fn new(db: Arc<DB>) -> Self {
         let store = LogStore {
@@ -117,12 +111,8 @@ impl LogStore {
     async fn write(&self, batch: WriteBatch, sync: bool) -> Result<(), String> {
         let db = self.db.clone();
         tokio::task::spawn_blocking(move || {
-            if sync {
-                db.write_opt(batch, &synced())
-            } else {
-                db.write(batch)
-            }
-            .map_err(|e| e.to_string())
+            db.write_opt(batch, &super::write_options(sync))
+                .map_err(|e| e.to_string())
         })
         .await
         .unwrap_or_else(|join| Err(format!("write task failed: {join}")))

@@ -22,7 +22,7 @@ mod conformance;
 use std::path::Path;
 use std::sync::Arc;
 
-use rocksdb::{ColumnFamilyDescriptor, Options, DB};
+use rocksdb::{ColumnFamilyDescriptor, Options, WriteOptions, DB};
 
 pub use datadir::DataDir;
 pub use log::LogStore;
@@ -31,6 +31,22 @@ pub use sm::{SmShared, StateMachineStore};
 pub const CF_LOG: &str = "log";
 pub const CF_RAFT: &str = "raft";
 pub const CF_SM: &str = "sm";
+
+/// Options for every RocksDB write: `sync` fsyncs the WAL before the write returns.
+///
+/// With the `negative-control-unsafe-no-fsync` cargo feature (a separate binary built only by
+/// the chaos suite, never a default) the WAL is switched off entirely, so acknowledged writes
+/// live only in memory until a memtable flush: the chaos suite's coordinated crash must then
+/// find acknowledged records lost, proving the suite can see loss.
+pub fn write_options(sync: bool) -> WriteOptions {
+    let mut w = WriteOptions::default();
+    if cfg!(feature = "negative-control-unsafe-no-fsync") {
+        w.disable_wal(true);
+    } else {
+        w.set_sync(sync);
+    }
+    w
+}
 
 /// Opens (creating if needed) the node's database at `path`.
 pub fn open_db(path: &Path) -> Result<Arc<DB>, rocksdb::Error> {

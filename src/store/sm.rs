@@ -286,7 +286,7 @@ impl SmShared {
         // Not synced: every applied entry is already fsynced in the Raft log, and the log and
         // the state machine share one WAL, so recovery replays a consistent prefix.
         self.db
-            .write(batch)
+            .write_opt(batch, &super::write_options(false))
             .map_err(|e| io_err(StorageIOError::write_state_machine, e))?;
         let applied = view.commit_point.index;
         drop(view);

@@ -14,7 +14,7 @@ use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
 use crc32fast::Hasher;
-use rocksdb::{IteratorMode, ReadOptions, WriteBatch, WriteOptions, DB};
+use rocksdb::{IteratorMode, ReadOptions, WriteBatch, DB};
 
 use super::datadir::sync_dir;
 use super::{keys, CF_SM};
@@ -262,9 +262,7 @@ pub fn load_into(db: &DB, path: &Path) -> Result<SnapshotMeta, SnapshotError> {
         batch.put_cf(cf, k, v);
         Ok(())
     })?;
-    let mut w = WriteOptions::default();
-    w.set_sync(true);
-    db.write_opt(batch, &w)?;
+    db.write_opt(batch, &super::write_options(true))?;
     Ok(meta)
 }
 
