@@ -114,17 +114,22 @@ pub struct Record {
     pub value_b64: Option<String>,
 }
 
+/// A value's bytes from the API's `value` (UTF-8 text) or `value_b64` (base64) field.
+fn value_bytes(value: &Option<String>, value_b64: &Option<String>) -> Vec<u8> {
+    use base64::Engine as _;
+    match (value, value_b64) {
+        (Some(text), _) => text.as_bytes().to_vec(),
+        (None, Some(b64)) => base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .unwrap_or_default(),
+        (None, None) => Vec::new(),
+    }
+}
+
 impl Record {
     /// The value's bytes, whichever way they were sent.
     pub fn value_bytes(&self) -> Vec<u8> {
-        use base64::Engine as _;
-        match (&self.value, &self.value_b64) {
-            (Some(text), _) => text.as_bytes().to_vec(),
-            (None, Some(b64)) => base64::engine::general_purpose::STANDARD
-                .decode(b64)
-                .unwrap_or_default(),
-            (None, None) => Vec::new(),
-        }
+        value_bytes(&self.value, &self.value_b64)
     }
 }
 
@@ -380,14 +385,7 @@ pub struct Message {
 impl Message {
     /// The value's bytes, whichever way they were sent.
     pub fn value_bytes(&self) -> Vec<u8> {
-        use base64::Engine as _;
-        match (&self.value, &self.value_b64) {
-            (Some(text), _) => text.as_bytes().to_vec(),
-            (None, Some(b64)) => base64::engine::general_purpose::STANDARD
-                .decode(b64)
-                .unwrap_or_default(),
-            (None, None) => Vec::new(),
-        }
+        value_bytes(&self.value, &self.value_b64)
     }
 }
 
