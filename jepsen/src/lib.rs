@@ -9,9 +9,11 @@
 //!   (Linux network namespaces with veth pairs), behind the [`hosts::Hosts`] trait.
 //! - [`nemesis`]: faults applied to the hosts: kills, pauses, partitions.
 //! - [`workload`]: clients that drive the cluster and record the history.
+//! - [`plot`]: a picture of a run (SVG): throughput and latency over time, faults shaded.
 
 pub mod checker;
 pub mod history;
 pub mod hosts;
 pub mod nemesis;
+pub mod plot;
 pub mod workload;

@@ -10,7 +10,8 @@
 //! leader, create the workload's topic, then run the workload and the nemesis together for the
 //! duration. Then heal every fault, resume and start every node, wait for a leader that all
 //! nodes agree on, drain (queue) and read the whole topic through each node. The history goes
-//! to `history.jsonl`, the checkers' reports to `results.json`, and one table row to stdout.
+//! to `history.jsonl`, the checkers' reports to `results.json`, a picture of throughput and
+//! latency over time with the fault windows shaded to `timeline.svg`, and one table row to stdout.
 //!
 //! Exit status: 0 when every run is valid, 1 when a checker found an anomaly, 2 when the
 //! harness itself failed (130 when interrupted; everything it created is removed first).
@@ -459,6 +460,7 @@ async fn scenario_body(
 
     let events = history.events();
     history.write_jsonl(out.join("history.jsonl"))?;
+    std::fs::write(out.join("timeline.svg"), raftq_jepsen::plot::svg(&events))?;
     let (verdict, checker, log_checker) = judge(&events, common.workload, &settings, scenario);
 
     // Stop every node gracefully: a node that does not exit 0 on SIGTERM is worth a note.
