@@ -279,6 +279,49 @@ pub fn first_node(ctx: &Ctx, slot: usize) -> u64 {
     ids[slot % ids.len()]
 }
 
+/// One recorded operation: invokes `op` in the history for `client`, sends the request to the
+/// client's node, and completes the op by the answer's class (an ok answer with `result` of
+/// its body). An ok answer whose body does not decode as `T` counts as unknown (info).
+/// Returns the answer (its class as recorded) and, when ok, the decoded body.
+#[allow(clippy::too_many_arguments)]
+pub async fn call<T: serde::de::DeserializeOwned>(
+    ctx: &Ctx,
+    client: &Client,
+    op: Op,
+    method: Method,
+    path: &str,
+    body: Option<&serde_json::Value>,
+    timeout: Duration,
+    result: impl FnOnce(&T) -> OpResult,
+) -> (Answer, Option<T>) {
+    let mut handle = ctx.history.invoke(client.process, Some(client.node), op);
+    let mut answer = ctx
+        .http
+        .send(client.node, method, path, body, timeout)
+        .await;
+    handle.set_node(Some(answer.node));
+    let mut out = None;
+    match answer.class {
+        Class::Ok => match answer.decode::<T>() {
+            Some(decoded) => {
+                handle.ok(result(&decoded));
+                out = Some(decoded);
+            }
+            None => {
+                answer.class = Class::Info;
+                handle.info(format!("2xx with an unexpected body: {}", answer.body));
+            }
+        },
+        Class::Fail => {
+            handle.fail(answer.error.clone().unwrap_or_default());
+        }
+        Class::Info => {
+            handle.info(answer.error.clone().unwrap_or_default());
+        }
+    }
+    (answer, out)
+}
+
 /// A publisher: one unique value `p<process>-<seq>` per request until the deadline or the
 /// op budget.
 pub async fn publisher(ctx: &Ctx, slot: usize) {
@@ -292,42 +335,21 @@ pub async fn publisher(ctx: &Ctx, slot: usize) {
         }
         let value = format!("p{}-{seq}", client.number());
         seq += 1;
-        let mut handle = ctx.history.invoke(
-            client.process,
-            Some(client.node),
-            Op::publish(&ctx.settings.topic, vec![value.clone()]),
-        );
         let body = json!({"records": [{"value": value}]});
-        let mut answer = ctx
-            .http
-            .send(
-                client.node,
-                Method::POST,
-                &path,
-                Some(&body),
-                ctx.settings.request_timeout,
-            )
-            .await;
-        handle.set_node(Some(answer.node));
-        match answer.class {
-            Class::Ok => match answer.decode::<PublishResponse>() {
-                Some(r) => {
-                    handle.ok(OpResult::publish(r.first_offset, 1, r.duplicate));
-                    ctx.progress
-                        .published
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                }
-                None => {
-                    answer.class = Class::Info;
-                    handle.info(format!("2xx with an unexpected body: {}", answer.body));
-                }
-            },
-            Class::Fail => {
-                handle.fail(answer.error.clone().unwrap_or_default());
-            }
-            Class::Info => {
-                handle.info(answer.error.clone().unwrap_or_default());
-            }
+        let op = Op::publish(&ctx.settings.topic, vec![value]);
+        let (answer, ok) = call(
+            ctx,
+            &client,
+            op,
+            Method::POST,
+            &path,
+            Some(&body),
+            ctx.settings.request_timeout,
+            |r: &PublishResponse| OpResult::publish(r.first_offset, 1, r.duplicate),
+        )
+        .await;
+        if ok.is_some() {
+            ctx.progress.published.fetch_add(1, Ordering::Relaxed);
         }
         client.after(ctx, &answer);
         back_off(&answer).await;

@@ -18,7 +18,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use super::http::{Class, Http};
-use super::{back_off, create_topic, setup_request, Client, Ctx, Settings};
+use super::{back_off, call, create_topic, setup_request, Client, Ctx, Settings};
 use crate::history::{Delivery, Op, OpResult};
 
 /// Most attempts at acking one pull's receipts.
@@ -91,42 +91,25 @@ async fn pull(
     } else {
         Op::pull(topic, sub)
     };
-    let mut handle = ctx.history.invoke(client.process, Some(client.node), op);
     let body = json!({"max": max, "wait_ms": wait_ms, "consumer": consumer});
-    let mut answer = ctx
-        .http
-        .send(
-            client.node,
-            Method::POST,
-            &ctx.topic_path(&format!("/subscriptions/{sub}/pull")),
-            Some(&body),
-            ctx.timeout_with_wait(wait_ms),
-        )
-        .await;
-    handle.set_node(Some(answer.node));
-    let mut out = None;
-    match answer.class {
-        Class::Ok => match answer.decode::<PullResponse>() {
-            Some(r) => {
-                handle.ok(OpResult::pull(&r.messages));
-                ctx.progress.received.fetch_add(
-                    r.messages.len() as u64,
-                    std::sync::atomic::Ordering::Relaxed,
-                );
-                out = Some(r.messages);
-            }
-            None => {
-                answer.class = Class::Info;
-                handle.info(format!("2xx with an unexpected body: {}", answer.body));
-            }
-        },
-        Class::Fail => {
-            handle.fail(answer.error.clone().unwrap_or_default());
-        }
-        Class::Info => {
-            handle.info(answer.error.clone().unwrap_or_default());
-        }
-    }
+    let (answer, ok) = call(
+        ctx,
+        client,
+        op,
+        Method::POST,
+        &ctx.topic_path(&format!("/subscriptions/{sub}/pull")),
+        Some(&body),
+        ctx.timeout_with_wait(wait_ms),
+        |r: &PullResponse| OpResult::pull(&r.messages),
+    )
+    .await;
+    let out = ok.map(|r| {
+        let n = r.messages.len() as u64;
+        ctx.progress
+            .received
+            .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+        r.messages
+    });
     client.after(ctx, &answer);
     back_off(&answer).await;
     out
@@ -147,40 +130,22 @@ async fn ack(ctx: &Ctx, client: &mut Client, messages: &[Message]) -> bool {
     let body = json!({ "receipts": receipts });
     let path = ctx.topic_path(&format!("/subscriptions/{sub}/ack"));
     for _ in 0..ACK_ATTEMPTS {
-        let mut handle = ctx.history.invoke(
-            client.process,
-            Some(client.node),
+        let (answer, ok) = call(
+            ctx,
+            client,
             Op::ack(topic, sub, pairs.clone()),
-        );
-        let mut answer = ctx
-            .http
-            .send(
-                client.node,
-                Method::POST,
-                &path,
-                Some(&body),
-                ctx.settings.request_timeout,
-            )
-            .await;
-        handle.set_node(Some(answer.node));
-        match answer.class {
-            Class::Ok => match answer.decode::<ReceiptResults>() {
-                Some(r) => {
-                    handle.ok(OpResult::Receipts { results: r.results });
-                    client.after(ctx, &answer);
-                    return true;
-                }
-                None => {
-                    answer.class = Class::Info;
-                    handle.info(format!("2xx with an unexpected body: {}", answer.body));
-                }
+            Method::POST,
+            &path,
+            Some(&body),
+            ctx.settings.request_timeout,
+            |r: &ReceiptResults| OpResult::Receipts {
+                results: r.results.clone(),
             },
-            Class::Fail => {
-                handle.fail(answer.error.clone().unwrap_or_default());
-            }
-            Class::Info => {
-                handle.info(answer.error.clone().unwrap_or_default());
-            }
+        )
+        .await;
+        if ok.is_some() {
+            client.after(ctx, &answer);
+            return true;
         }
         client.after(ctx, &answer);
         if answer.class == Class::Info {

@@ -16,8 +16,8 @@ use raftq_client::api::ReadResponse;
 use reqwest::Method;
 use serde_json::json;
 
-use super::http::{Class, Http};
-use super::{back_off, create_topic, setup_request, Client, Ctx, Settings};
+use super::http::Http;
+use super::{back_off, call, create_topic, setup_request, Client, Ctx, Settings};
 use crate::history::{Op, OpResult};
 
 /// Most records one read asks for.
@@ -77,42 +77,22 @@ async fn reader(ctx: &Ctx, slot: usize) {
         if let Some(n) = from {
             path.push_str(&format!("&from={n}"));
         }
-        let mut handle = ctx.history.invoke(
-            client.process,
-            Some(client.node),
+        let (answer, ok) = call(
+            ctx,
+            &client,
             Op::read(&ctx.settings.topic, Some(&sub), from),
-        );
-        let mut answer = ctx
-            .http
-            .send(
-                client.node,
-                Method::GET,
-                &path,
-                None,
-                ctx.timeout_with_wait(wait_ms),
-            )
-            .await;
-        handle.set_node(Some(answer.node));
-        match answer.class {
-            Class::Ok => match answer.decode::<ReadResponse>() {
-                Some(r) => {
-                    ctx.progress
-                        .received
-                        .fetch_add(r.records.len() as u64, std::sync::atomic::Ordering::Relaxed);
-                    from = Some(r.next_offset);
-                    handle.ok(OpResult::read(&r, None));
-                }
-                None => {
-                    answer.class = Class::Info;
-                    handle.info(format!("2xx with an unexpected body: {}", answer.body));
-                }
-            },
-            Class::Fail => {
-                handle.fail(answer.error.clone().unwrap_or_default());
-            }
-            Class::Info => {
-                handle.info(answer.error.clone().unwrap_or_default());
-            }
+            Method::GET,
+            &path,
+            None,
+            ctx.timeout_with_wait(wait_ms),
+            |r: &ReadResponse| OpResult::read(r, None),
+        )
+        .await;
+        if let Some(r) = ok {
+            ctx.progress
+                .received
+                .fetch_add(r.records.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            from = Some(r.next_offset);
         }
         client.after(ctx, &answer);
         back_off(&answer).await;
