@@ -506,7 +506,7 @@ mod tests {
             "no subscription s on topic t",
         );
         assert_eq!(
-            describe(&Error::Api(problem)),
+            describe(&Error::Api(Box::new(problem))),
             "Subscription not found: no subscription s on topic t"
         );
     }

@@ -39,6 +39,28 @@ pub fn decode_limited<T: DeserializeOwned>(bytes: &[u8], limit: u64) -> Result<T
     options(limit).deserialize(bytes)
 }
 
+/// Encodes `value` behind a leading format byte `version`.
+pub fn encode_versioned<T: Serialize + ?Sized>(
+    version: u8,
+    value: &T,
+) -> Result<Vec<u8>, bincode::Error> {
+    let body = encode(value)?;
+    let mut out = Vec::with_capacity(body.len() + 1);
+    out.push(version);
+    out.extend(body);
+    Ok(out)
+}
+
+/// Decodes a value written by [`encode_versioned`] with format byte `version`; any other
+/// format byte is an error that names it.
+pub fn decode_versioned<T: DeserializeOwned>(version: u8, bytes: &[u8]) -> Result<T, String> {
+    match bytes.split_first() {
+        Some((&v, rest)) if v == version => decode(rest).map_err(|e| e.to_string()),
+        Some((v, _)) => Err(format!("unknown format version {v}")),
+        None => Err("empty value".into()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

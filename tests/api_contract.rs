@@ -901,11 +901,15 @@ async fn bad_input_is_refused_and_changes_nothing() {
             400,
             "invalid_argument",
         ),
-        // Idempotent producers are not implemented yet; until they are, they must be refused
-        // rather than silently published without deduplication.
         bad_publish(
-            "producer_id and sequence (not supported yet)",
-            &br#"{"records": [{"value": "x"}], "producer_id": "p", "sequence": 0}"#[..],
+            "producer_id without sequence",
+            &br#"{"records": [{"value": "x"}], "producer_id": "p"}"#[..],
+            400,
+            "invalid_argument",
+        ),
+        bad_publish(
+            "a producer_id that is not a name",
+            &br#"{"records": [{"value": "x"}], "producer_id": "a/b", "sequence": 0}"#[..],
             400,
             "invalid_argument",
         ),

@@ -472,6 +472,99 @@ pub struct SubscriptionList {
     pub subscriptions: Vec<SubscriptionInfo>,
 }
 
+/// Records discarded, by reason. Cumulative.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Discarded {
+    /// Removed from the topic by its retention limits.
+    pub retention: u64,
+    /// Reached a subscription's `max_deliveries` with no dead-letter topic to go to.
+    pub max_deliveries: u64,
+    /// Nacked with `"dead_letter": true` by a consumer of a subscription with no dead-letter
+    /// topic.
+    pub rejected: u64,
+}
+
+/// One subscription in a report. Counters are cumulative and never decrease; `cursor`,
+/// `backlog` and `in_flight` are the state at the commit point.
+///
+/// Balance: `seen == acked + dead_lettered + skipped + backlog + in_flight`, where
+/// `dead_lettered` counts records moved to the dead-letter topic and records discarded
+/// (`discarded.max_deliveries + discarded.rejected` of them).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubscriptionReport {
+    pub delivered: u64,
+    pub acked: u64,
+    pub redelivered: u64,
+    pub expired_leases: u64,
+    pub dead_lettered: u64,
+    pub cursor: u64,
+    /// Offsets the subscription has had to account for: from its start to the topic's next
+    /// offset, plus offsets it was moved back over (`allow_backward`), which count again.
+    pub seen: u64,
+    /// Records a forward cursor move passed over before they were done.
+    pub skipped: u64,
+    pub backlog: u64,
+    pub in_flight: u64,
+    /// The part of `dead_lettered` that was discarded for want of a dead-letter topic.
+    pub discarded: Discarded,
+}
+
+/// Answer to `GET /v1/topics/{topic}/report`. Counters are cumulative and never decrease, so
+/// two reports of the same topic subtract to what happened between their commit points.
+///
+/// Balance: `published == records + discarded.retention`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopicReport {
+    pub commit_point: CommitPoint,
+    /// Records appended: published (not counting duplicates), dead letters moved in, and
+    /// broadcast markers.
+    pub published: u64,
+    /// Records of re-sent idempotent batches that were answered with their original offsets
+    /// and not appended again.
+    pub deduplicated: u64,
+    pub discarded: Discarded,
+    /// Records the topic holds now.
+    pub records: u64,
+    pub subscriptions: BTreeMap<String, SubscriptionReport>,
+}
+
+/// Answer to `GET /v1/report`: every topic, as of one commit point.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Report {
+    pub commit_point: CommitPoint,
+    pub topics: BTreeMap<String, TopicReport>,
+}
+
+/// Body of `POST /v1/broadcast`: one marker record for every named topic (all topics when
+/// `topics` is omitted).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BroadcastRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topics: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value_b64: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, String>,
+}
+
+/// Answer to `POST /v1/broadcast`: the commit point the markers carry, and each marker's
+/// offset.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BroadcastResponse {
+    pub commit_point: CommitPoint,
+    pub offsets: BTreeMap<String, u64>,
+}
+
+/// Header of a broadcast marker: the index of the log entry that appended it.
+pub const HEADER_COMMIT_INDEX: &str = "raftq-commit-index";
+/// Header of a broadcast marker: the leader timestamp of that entry.
+pub const HEADER_COMMIT_TIMESTAMP_MS: &str = "raftq-commit-timestamp-ms";
+
 /// The stable, machine-readable error codes of API.md.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -573,6 +666,9 @@ pub struct Problem {
     /// With `not_leader` and `shutting_down`: the leader's base URL, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub leader_url: Option<String>,
+    /// With `sequence_gap`: the batch sequence the server expects next from that producer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_sequence: Option<u64>,
 }
 
 impl Problem {
@@ -585,6 +681,7 @@ impl Problem {
             detail: detail.into(),
             code,
             leader_id: None,
+            expected_sequence: None,
             leader_url: None,
         }
     }

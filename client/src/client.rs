@@ -15,11 +15,12 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::api::{
-    is_valid_name, AckRequest, ClusterStatus, CursorRequest, CursorResponse, ExtendRequest,
-    NackRequest, PublishRequest, PublishResponse, PullRequest, PullResponse, ReadFrom,
-    ReadResponse, ReceiptResult, ReceiptResults, RecordIn, SubscriptionConfig, SubscriptionInfo,
-    SubscriptionList, TopicConfig, TopicInfo, TopicList, TopicSummary, MAX_ACK_TIMEOUT_MS,
-    MAX_BATCH_RECORDS, MAX_NACK_DELAY_MS, MAX_PULL, MAX_RECEIPTS, MAX_WAIT_MS,
+    is_valid_name, AckRequest, BroadcastRequest, BroadcastResponse, ClusterStatus, CursorRequest,
+    CursorResponse, ExtendRequest, NackRequest, PublishRequest, PublishResponse, PullRequest,
+    PullResponse, ReadFrom, ReadResponse, ReceiptResult, ReceiptResults, RecordIn, Report,
+    SubscriptionConfig, SubscriptionInfo, SubscriptionList, TopicConfig, TopicInfo, TopicList,
+    TopicReport, TopicSummary, MAX_ACK_TIMEOUT_MS, MAX_BATCH_RECORDS, MAX_NACK_DELAY_MS, MAX_PULL,
+    MAX_RECEIPTS, MAX_WAIT_MS,
 };
 use crate::error::Error;
 use crate::transport::{base_url, encode_query_value, Call, Retry, Transport};
@@ -690,6 +691,39 @@ impl Client {
             });
         }
         Ok(answer.results)
+    }
+
+    /// The counters of one topic and its subscriptions as of the answering node's commit
+    /// point (any node may answer; the leader's is the freshest).
+    pub async fn topic_report(&self, topic: &str) -> Result<TopicReport, Error> {
+        check_name("topic", topic)?;
+        self.get(format!("v1/topics/{topic}/report"), Duration::ZERO)
+            .await
+    }
+
+    /// The counters of every topic as of one commit point.
+    pub async fn report(&self) -> Result<Report, Error> {
+        self.get("v1/report".to_string(), Duration::ZERO).await
+    }
+
+    /// Appends one marker record to every topic `request` names (all topics when it names
+    /// none) in a single Raft entry; each marker carries that entry's commit point in its
+    /// headers. Not idempotent: after a lost answer this returns [`Error::Indeterminate`]
+    /// rather than append the markers twice.
+    pub async fn broadcast(&self, request: &BroadcastRequest) -> Result<BroadcastResponse, Error> {
+        if let Some(topics) = &request.topics {
+            for topic in topics {
+                check_name("topic", topic)?;
+            }
+        }
+        let call = Call {
+            method: Method::POST,
+            target: "v1/broadcast".to_string(),
+            body: Some((json_body(request)?, JSON)),
+            retry: Retry::UnsafeWrite,
+            hold: Duration::ZERO,
+        };
+        self.send_json(&call).await
     }
 
     /// The cluster as the answering node sees it (any node may answer). A leader it names is

@@ -19,7 +19,7 @@ pub enum Error {
     /// A 4xx answer without a problem body (a proxy, an older server) is reported here too,
     /// with a problem synthesized from the status (`type` is `about:blank`).
     #[error("{0}")]
-    Api(Problem),
+    Api(Box<Problem>),
 
     /// The outcome of a write is unknown: some attempt may have reached the server and been
     /// applied, but no answer says so. A time-out after the request was sent, a reset
@@ -88,7 +88,7 @@ impl Error {
     /// The server's problem body, for [`Error::Api`].
     pub fn problem(&self) -> Option<&Problem> {
         match self {
-            Error::Api(problem) => Some(problem),
+            Error::Api(problem) => Some(&**problem),
             _ => None,
         }
     }

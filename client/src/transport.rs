@@ -254,7 +254,7 @@ impl Transport {
                                  attempt was refused: {problem}"
                             ),
                         },
-                        None => Error::Api(problem),
+                        None => Error::Api(Box::new(problem)),
                     });
                 }
                 Attempt::Redirect {
@@ -551,6 +551,8 @@ fn parse_problem(status: StatusCode, body: &[u8]) -> Option<Problem> {
         leader_id: Option<u64>,
         #[serde(default)]
         leader_url: Option<String>,
+        #[serde(default)]
+        expected_sequence: Option<u64>,
     }
     let partial = serde_json::from_slice::<Partial>(body).ok()?;
     Some(Problem {
@@ -561,6 +563,7 @@ fn parse_problem(status: StatusCode, body: &[u8]) -> Option<Problem> {
         code: partial.code,
         leader_id: partial.leader_id,
         leader_url: partial.leader_url,
+        expected_sequence: partial.expected_sequence,
     })
 }
 
@@ -585,6 +588,7 @@ fn synthesized_problem(status: StatusCode, body: &[u8]) -> Problem {
         code,
         leader_id: None,
         leader_url: None,
+        expected_sequence: None,
     }
 }
 

@@ -118,8 +118,13 @@ impl From<ApplyError> for ApiError {
             ApplyError::AlreadyExists(_) => ErrorCode::AlreadyExists,
             ApplyError::InvalidArgument(_) => ErrorCode::InvalidArgument,
             ApplyError::RecordTooLarge(_) => ErrorCode::PayloadTooLarge,
+            ApplyError::SequenceGap { .. } => ErrorCode::SequenceGap,
         };
-        ApiError::new(code, e.to_string())
+        let mut err = ApiError::new(code, e.to_string());
+        if let ApplyError::SequenceGap { expected, .. } = e {
+            err.problem.expected_sequence = Some(expected);
+        }
+        err
     }
 }
 

@@ -3,6 +3,7 @@
 pub mod cluster;
 pub mod error;
 pub mod records;
+pub mod reports;
 pub mod subscriptions;
 pub mod topics;
 
@@ -27,6 +28,9 @@ pub fn router(state: AppState) -> Router {
             "/v1/topics/{topic}/records",
             get(records::read).post(records::publish),
         )
+        .route("/v1/topics/{topic}/report", get(reports::topic))
+        .route("/v1/report", get(reports::all))
+        .route("/v1/broadcast", post(reports::broadcast))
         .route("/v1/topics/{topic}/subscriptions", get(subscriptions::list))
         .route(
             "/v1/topics/{topic}/subscriptions/{sub}",

@@ -17,8 +17,8 @@ use super::error::ApiError;
 use super::{check_name, parse_json, TopicName};
 use crate::node::AppState;
 use crate::state::{
-    record_size, Command, NewRecord, Outcome, Publish, SetCursor, StoredRecord, SubRef,
-    DEFAULT_MAX_RECORD_BYTES,
+    producers, record_size, Command, NewRecord, Outcome, ProducerSeq, Publish, SetCursor,
+    StoredRecord, SubRef, DEFAULT_MAX_RECORD_BYTES,
 };
 
 /// Default and upper bound of `max_bytes` on a read.
@@ -31,7 +31,7 @@ fn query_pairs(raw: &Option<String>) -> Vec<(String, String)> {
         .unwrap_or_default()
 }
 
-fn convert(i: usize, r: RecordIn) -> Result<NewRecord, ApiError> {
+pub(super) fn convert(i: usize, r: RecordIn) -> Result<NewRecord, ApiError> {
     let value = match (r.value, r.value_b64) {
         (Some(v), None) => v.into_bytes(),
         (None, Some(b)) => base64::engine::general_purpose::STANDARD
@@ -71,6 +71,7 @@ pub async fn publish(
         .and_then(|v| v.to_str().ok())
         .unwrap_or("application/json")
         .to_ascii_lowercase();
+    let mut producer = None;
     let records = if content_type.starts_with("application/octet-stream") {
         let mut key = None;
         for (k, v) in query_pairs(&raw) {
@@ -90,12 +91,23 @@ pub async fn publish(
         }]
     } else if content_type.starts_with("application/json") {
         let req: PublishRequest = parse_json(&body)?;
-        if req.producer_id.is_some() || req.sequence.is_some() {
-            return Err(ApiError::invalid(
-                "idempotent publish (producer_id, sequence) is not supported by this server yet; \
-                 publish without them",
-            ));
-        }
+        producer = match (req.producer_id, req.sequence) {
+            (Some(producer_id), Some(sequence)) => {
+                let seq = ProducerSeq {
+                    producer_id,
+                    sequence,
+                };
+                producers::validate(&seq)?;
+                Some(seq)
+            }
+            (None, None) => None,
+            _ => {
+                return Err(ApiError::invalid(
+                    "producer_id and sequence go together: send both for an idempotent batch, \
+                     or neither",
+                ))
+            }
+        };
         if req.records.is_empty() || req.records.len() > MAX_BATCH_RECORDS {
             return Err(ApiError::invalid(format!(
                 "a publish carries 1 to {MAX_BATCH_RECORDS} records, not {}",
@@ -133,16 +145,24 @@ pub async fn publish(
         )));
     }
     let (outcome, cp) = node
-        .propose(&uri, Command::Publish(Publish { topic, records }))
+        .propose(
+            &uri,
+            Command::Publish(Publish {
+                topic,
+                records,
+                producer,
+            }),
+        )
         .await?;
     match outcome {
         Outcome::Published {
             first_offset,
             last_offset,
+            duplicate,
         } => Ok(Json(PublishResponse {
             first_offset,
             last_offset,
-            duplicate: false,
+            duplicate,
             commit_point: CommitPoint {
                 index: cp.index,
                 timestamp_ms: cp.time_ms,

@@ -11,6 +11,7 @@
 //! The types of this module that are serialized ([`LogPayload`], [`Command`], [`StoredRecord`],
 //! [`TopicMeta`]) are on disk forever: they are versioned and only ever extended.
 
+pub mod producers;
 mod publish;
 pub mod ranges;
 pub mod subscriptions;
@@ -20,12 +21,18 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-pub use publish::{record_size, stored_size, NewRecord, Publish, StoredRecord};
+pub use producers::{ProducerSeq, ProducerState, Producers};
+pub use publish::{
+    record_size, stored_size, Broadcast, NewRecord, Publish, StoredRecord, HEADER_COMMIT_INDEX,
+    HEADER_COMMIT_TIMESTAMP_MS,
+};
 pub use subscriptions::{
     CreateSub, Delivery, Pull, Receipt, ReceiptAction, ReceiptOutcome, SetCursor, SettleReceipts,
     Start, SubRef, SubSettings, SubState,
 };
-pub use topics::{validate_settings, CreateTopic, DeleteTopic, TopicMeta, TopicSettings};
+pub use topics::{
+    validate_settings, CreateTopic, DeleteTopic, TopicCounters, TopicMeta, TopicSettings,
+};
 
 /// Default upper bound on one record (value + key + headers) when a topic sets none.
 pub const DEFAULT_MAX_RECORD_BYTES: u64 = 1 << 20;
@@ -60,6 +67,8 @@ pub enum Command {
     /// Ack, nack or extend.
     SettleReceipts(SettleReceipts),
     SetCursor(SetCursor),
+    /// One marker record appended to many topics.
+    Broadcast(Broadcast),
 }
 
 impl Command {
@@ -67,6 +76,7 @@ impl Command {
     pub fn approx_bytes(&self) -> usize {
         match self {
             Command::Publish(p) => p.records.iter().map(|r| record_size(r) as usize + 16).sum(),
+            Command::Broadcast(b) => record_size(&b.record) as usize + 64,
             _ => 64,
         }
     }
@@ -82,6 +92,8 @@ pub enum Outcome {
     Published {
         first_offset: u64,
         last_offset: u64,
+        /// A re-sent idempotent batch: these are its original offsets; nothing was appended.
+        duplicate: bool,
     },
     Ticked,
     SubscriptionCreated,
@@ -92,6 +104,10 @@ pub enum Outcome {
     /// One outcome per receipt, in order.
     Receipts(Vec<ReceiptOutcome>),
     CursorSet(u64),
+    /// The offset of the marker in each topic.
+    Broadcast {
+        offsets: BTreeMap<String, u64>,
+    },
 }
 
 /// Why a command was refused. A refused command changes nothing.
@@ -107,6 +123,15 @@ pub enum ApplyError {
     InvalidArgument(String),
     #[error("{0}")]
     RecordTooLarge(String),
+    #[error(
+        "producer {producer_id:?} sent batch {got}, but its next batch is {expected}; send the \
+         batches in order"
+    )]
+    SequenceGap {
+        producer_id: String,
+        expected: u64,
+        got: u64,
+    },
 }
 
 /// The result of one command.
@@ -145,6 +170,8 @@ pub struct SmState {
     /// (due time, subscription id, offset) of every lease expiry and nack delay. Derived
     /// from `subs`.
     pub due: BTreeSet<(u64, u64, u64)>,
+    /// Idempotent producers per topic.
+    pub producers: Producers,
 }
 
 impl SmState {
@@ -218,6 +245,10 @@ pub enum Write {
     PutSub(u64),
     /// Remove a subscription.
     DeleteSub(u64),
+    /// Persist the current state of this producer.
+    PutProducer { topic: String, producer_id: String },
+    /// Forget a producer (expired or evicted).
+    DeleteProducer { topic: String, producer_id: String },
 }
 
 /// Applies one normal entry at `index`. Pure: see the module docs.
@@ -230,10 +261,11 @@ pub fn apply_entry(
 ) -> ApplyResponse {
     state.clock_ms = state.clock_ms.max(batch.time_ms);
     subscriptions::settle(state, source, writes);
+    state.expire_producers(writes);
     let results = batch
         .commands
         .iter()
-        .map(|cmd| apply_command(state, source, cmd, writes))
+        .map(|cmd| apply_command(state, source, index, cmd, writes))
         .collect();
     ApplyResponse {
         commit_point: CommitPoint {
@@ -247,6 +279,7 @@ pub fn apply_entry(
 fn apply_command(
     state: &mut SmState,
     source: &dyn RecordSource,
+    index: u64,
     cmd: &Command,
     writes: &mut Vec<Write>,
 ) -> CommandResult {
@@ -260,9 +293,12 @@ fn apply_command(
         Command::Pull(c) => subscriptions::pull(state, c, writes),
         Command::SettleReceipts(c) => subscriptions::settle_receipts(state, source, c, writes),
         Command::SetCursor(c) => subscriptions::set_cursor(state, c, writes),
+        Command::Broadcast(c) => publish::broadcast(state, index, c, writes),
     }
 }
 
+#[cfg(test)]
+mod producers_tests;
 #[cfg(test)]
 mod subscriptions_tests;
 #[cfg(test)]

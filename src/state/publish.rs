@@ -1,8 +1,12 @@
-//! Publish: append a batch of records to a topic, all or nothing.
+//! Publish and broadcast: append a batch of records to a topic, or one marker record to many
+//! topics, all or nothing.
+
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::{ApplyError, CommandResult, Outcome, SmState, Write};
+use super::producers::{self, BatchOffsets, Check, ProducerSeq};
+use super::{ApplyError, CommandResult, Outcome, SmState, TopicMeta, Write};
 
 /// A record as it travels in the log, before it has an offset.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -42,6 +46,40 @@ fn size_of(key: Option<&str>, headers: &[(String, String)], value: &[u8]) -> u64
 pub struct Publish {
     pub topic: String,
     pub records: Vec<NewRecord>,
+    /// Makes the batch idempotent (see `producers`).
+    pub producer: Option<ProducerSeq>,
+}
+
+/// One marker record appended to many topics in one entry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Broadcast {
+    /// `None`: every topic that exists when the entry is applied.
+    pub topics: Option<Vec<String>>,
+    pub record: NewRecord,
+}
+
+/// Header of a broadcast marker: the index of the entry that appended it.
+pub const HEADER_COMMIT_INDEX: &str = raftq_client::api::HEADER_COMMIT_INDEX;
+/// Header of a broadcast marker: the leader time of that entry.
+pub const HEADER_COMMIT_TIMESTAMP_MS: &str = raftq_client::api::HEADER_COMMIT_TIMESTAMP_MS;
+
+/// Appends `record` to the topic `meta` and counts it published.
+pub(super) fn append(
+    meta: &mut TopicMeta,
+    record: StoredRecord,
+    size: u64,
+    writes: &mut Vec<Write>,
+) -> u64 {
+    let offset = meta.next_offset;
+    writes.push(Write::PutRecord {
+        topic_id: meta.id,
+        offset,
+        record,
+    });
+    meta.next_offset += 1;
+    meta.bytes += size;
+    meta.counters.published += 1;
+    offset
 }
 
 pub(super) fn publish(
@@ -50,18 +88,40 @@ pub(super) fn publish(
     writes: &mut Vec<Write>,
 ) -> CommandResult {
     let clock = state.clock_ms;
+    if let Some(seq) = &cmd.producer {
+        producers::validate(seq)?;
+    }
     let meta = state
         .topics
-        .get_mut(&cmd.topic)
+        .get(&cmd.topic)
         .ok_or_else(|| ApplyError::TopicNotFound(cmd.topic.clone()))?;
     if cmd.records.is_empty() {
         return Err(ApplyError::InvalidArgument(
             "a publish needs at least one record".into(),
         ));
     }
+    if let Some(seq) = &cmd.producer {
+        if let Check::Duplicate {
+            first_offset,
+            last_offset,
+        } = state.producers.check(&cmd.topic, seq)?
+        {
+            let meta = state
+                .topics
+                .get_mut(&cmd.topic)
+                .ok_or_else(|| ApplyError::TopicNotFound(cmd.topic.clone()))?;
+            meta.counters.deduplicated += cmd.records.len() as u64;
+            writes.push(Write::PutTopic(cmd.topic.clone()));
+            return Ok(Outcome::Published {
+                first_offset,
+                last_offset,
+                duplicate: true,
+            });
+        }
+    }
     // Check every record before touching anything: a batch is all or nothing.
     let limit = meta.settings.effective_max_record_bytes();
-    let mut total = 0u64;
+    let mut sizes = Vec::with_capacity(cmd.records.len());
     for (i, r) in cmd.records.iter().enumerate() {
         let size = record_size(r);
         if size > limit {
@@ -70,26 +130,98 @@ pub(super) fn publish(
                 cmd.topic
             )));
         }
-        total += size;
+        sizes.push(size);
     }
+    let meta = state
+        .topics
+        .get_mut(&cmd.topic)
+        .ok_or_else(|| ApplyError::TopicNotFound(cmd.topic.clone()))?;
     let first_offset = meta.next_offset;
-    for r in &cmd.records {
-        writes.push(Write::PutRecord {
-            topic_id: meta.id,
-            offset: meta.next_offset,
-            record: StoredRecord {
-                timestamp_ms: clock,
-                key: r.key.clone(),
-                headers: r.headers.clone(),
-                value: r.value.clone(),
-            },
-        });
-        meta.next_offset += 1;
+    for (r, size) in cmd.records.iter().zip(sizes) {
+        let record = StoredRecord {
+            timestamp_ms: clock,
+            key: r.key.clone(),
+            headers: r.headers.clone(),
+            value: r.value.clone(),
+        };
+        append(meta, record, size, writes);
     }
-    meta.bytes += total;
+    let last_offset = meta.next_offset - 1;
     writes.push(Write::PutTopic(cmd.topic.clone()));
+    if let Some(seq) = &cmd.producer {
+        state.producers.record(
+            &cmd.topic,
+            seq,
+            BatchOffsets {
+                sequence: seq.sequence,
+                first_offset,
+                last_offset,
+            },
+            clock,
+            writes,
+        );
+    }
     Ok(Outcome::Published {
         first_offset,
-        last_offset: meta.next_offset - 1,
+        last_offset,
+        duplicate: false,
     })
+}
+
+/// Appends one marker to every named topic (all topics when none are named), carrying the
+/// entry's commit point (`index`, the clock) in its headers. All or nothing.
+pub(super) fn broadcast(
+    state: &mut SmState,
+    index: u64,
+    cmd: &Broadcast,
+    writes: &mut Vec<Write>,
+) -> CommandResult {
+    let clock = state.clock_ms;
+    let names: Vec<String> = match &cmd.topics {
+        Some(names) => {
+            let mut unique = names.clone();
+            unique.sort();
+            unique.dedup();
+            unique
+        }
+        None => state.topics.keys().cloned().collect(),
+    };
+    let mut headers: Vec<(String, String)> = cmd
+        .record
+        .headers
+        .iter()
+        .filter(|(k, _)| k != HEADER_COMMIT_INDEX && k != HEADER_COMMIT_TIMESTAMP_MS)
+        .cloned()
+        .collect();
+    headers.push((HEADER_COMMIT_INDEX.into(), index.to_string()));
+    headers.push((HEADER_COMMIT_TIMESTAMP_MS.into(), clock.to_string()));
+    let record = StoredRecord {
+        timestamp_ms: clock,
+        key: cmd.record.key.clone(),
+        headers,
+        value: cmd.record.value.clone(),
+    };
+    let size = stored_size(&record);
+    for name in &names {
+        let meta = state
+            .topics
+            .get(name)
+            .ok_or_else(|| ApplyError::TopicNotFound(name.clone()))?;
+        let limit = meta.settings.effective_max_record_bytes();
+        if size > limit {
+            return Err(ApplyError::RecordTooLarge(format!(
+                "the marker is {size} bytes with its headers; topic {name:?} accepts at most \
+                 {limit}"
+            )));
+        }
+    }
+    let mut offsets = BTreeMap::new();
+    for name in names {
+        if let Some(meta) = state.topics.get_mut(&name) {
+            let offset = append(meta, record.clone(), size, writes);
+            writes.push(Write::PutTopic(name.clone()));
+            offsets.insert(name, offset);
+        }
+    }
+    Ok(Outcome::Broadcast { offsets })
 }

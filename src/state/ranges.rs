@@ -64,6 +64,11 @@ impl RangeSet {
         self.ranges.iter().map(|(s, e)| e - s).sum()
     }
 
+    /// How many values below `x` the set holds.
+    pub fn count_below(&self, x: u64) -> u64 {
+        self.ranges.range(..x).map(|(&s, &e)| e.min(x) - s).sum()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.ranges.is_empty()
     }

@@ -66,6 +66,10 @@ pub struct SubCounters {
     /// Discarded for want of a dead-letter topic, by reason.
     pub discarded_max_deliveries: u64,
     pub discarded_nack: u64,
+    /// Offsets a forward cursor move passed over before they were done.
+    pub skipped: u64,
+    /// Offsets a backward cursor move made count again (they were accounted for once).
+    pub rewound: u64,
 }
 
 /// The replicated state of one subscription.
@@ -76,6 +80,8 @@ pub struct SubState {
     pub topic: String,
     pub name: String,
     pub settings: SubSettings,
+    /// The cursor when the subscription was created: it accounts for every offset from here.
+    pub origin: u64,
     /// Every offset below it is done.
     pub cursor: u64,
     /// Lowest offset never delivered (at or above the cursor).
@@ -99,6 +105,13 @@ impl SubState {
     /// Whether a pull at time `now` would lease something.
     pub fn has_available(&self, high_watermark: u64, now_ms: u64) -> bool {
         self.next_fresh < high_watermark || self.pending.values().any(|p| p.not_before_ms <= now_ms)
+    }
+
+    /// Offsets it has had to account for, up to `high_watermark`: from its origin, plus those
+    /// a backward move made count again. Balance:
+    /// `seen == acked + dead_lettered_total + skipped + backlog + in_flight`.
+    pub fn seen(&self, high_watermark: u64) -> u64 {
+        high_watermark.saturating_sub(self.origin) + self.counters.rewound
     }
 
     /// The dead-lettered and discarded total.
@@ -315,6 +328,7 @@ pub(super) fn create(
             topic: cmd.topic.clone(),
             name: cmd.name.clone(),
             settings: s.clone(),
+            origin: cursor,
             cursor,
             next_fresh: cursor,
             done: RangeSet::default(),
@@ -449,6 +463,7 @@ fn dead_letter(
     sub.done.insert(offset);
     sub.advance_cursor();
     let origin_topic = sub.topic.clone();
+    let origin_topic_name = origin_topic.clone();
     let sub_name = sub.name.clone();
     let dlq = sub.settings.dead_letter_topic.clone();
     let origin_id = state.topics.get(&origin_topic).map(|t| t.id);
@@ -472,13 +487,8 @@ fn dead_letter(
                 headers,
                 value: original.value,
             };
-            meta.bytes += super::stored_size(&record);
-            writes.push(Write::PutRecord {
-                topic_id: meta.id,
-                offset: meta.next_offset,
-                record,
-            });
-            meta.next_offset += 1;
+            let size = super::stored_size(&record);
+            super::publish::append(meta, record, size, writes);
             writes.push(Write::PutTopic(dlq));
             true
         }
@@ -491,6 +501,15 @@ fn dead_letter(
         (true, _) => sub.counters.dead_lettered += 1,
         (false, DeadReason::MaxDeliveries) => sub.counters.discarded_max_deliveries += 1,
         (false, DeadReason::Nack) => sub.counters.discarded_nack += 1,
+    }
+    if !appended {
+        if let Some(meta) = state.topics.get_mut(&origin_topic_name) {
+            match reason {
+                DeadReason::MaxDeliveries => meta.counters.discarded_max_deliveries += 1,
+                DeadReason::Nack => meta.counters.discarded_rejected += 1,
+            }
+            writes.push(Write::PutTopic(origin_topic_name));
+        }
     }
 }
 
@@ -720,6 +739,16 @@ pub(super) fn set_cursor(
     }
     // A seek: forget what the move passes over (and, backward, everything).
     let backward = target < sub.cursor;
+    if backward {
+        // Everything from the target up was accounted for (done below the cursor, done,
+        // leased or backlog above it); from now on it is backlog again, so the offsets that
+        // were done count a second time.
+        sub.counters.rewound += (sub.cursor - target) + sub.done.len();
+    } else {
+        // Offsets passed over that were not done are skipped.
+        let done_passed = sub.done.count_below(target);
+        sub.counters.skipped += (target - sub.cursor) - done_passed;
+    }
     let forget = |offset: u64| backward || offset < target;
     let dropped_leases: Vec<(u64, u64)> = sub
         .leases

@@ -9,7 +9,7 @@ use super::*;
 
 /// A record store for tests: what apply wrote, as RocksDB would hold it.
 #[derive(Default)]
-struct Records(BTreeMap<(u64, u64), StoredRecord>);
+pub(super) struct Records(pub(super) BTreeMap<(u64, u64), StoredRecord>);
 
 impl RecordSource for Records {
     fn record(&self, pending: &[Write], topic_id: u64, offset: u64) -> Option<StoredRecord> {
@@ -19,15 +19,15 @@ impl RecordSource for Records {
 }
 
 /// A state machine plus its record store, applying one command per entry.
-struct Harness {
-    state: SmState,
-    records: Records,
-    clock: u64,
-    index: u64,
+pub(super) struct Harness {
+    pub(super) state: SmState,
+    pub(super) records: Records,
+    pub(super) clock: u64,
+    pub(super) index: u64,
 }
 
 impl Harness {
-    fn new() -> Self {
+    pub(super) fn new() -> Self {
         Harness {
             state: SmState::default(),
             records: Records::default(),
@@ -36,7 +36,7 @@ impl Harness {
         }
     }
 
-    fn run(&mut self, cmd: Command) -> CommandResult {
+    pub(super) fn run(&mut self, cmd: Command) -> CommandResult {
         self.index += 1;
         let mut writes = Vec::new();
         let batch = Batch {
@@ -66,18 +66,18 @@ impl Harness {
         resp.results.into_iter().next().expect("one result")
     }
 
-    fn ok(&mut self, cmd: Command) -> Outcome {
+    pub(super) fn ok(&mut self, cmd: Command) -> Outcome {
         self.run(cmd).expect("command should succeed")
     }
 
-    fn topic(&mut self, name: &str) {
+    pub(super) fn topic(&mut self, name: &str) {
         self.ok(Command::CreateTopic(CreateTopic {
             name: name.into(),
             settings: TopicSettings::default(),
         }));
     }
 
-    fn publish(&mut self, topic: &str, values: &[&str]) {
+    pub(super) fn publish(&mut self, topic: &str, values: &[&str]) {
         let records = values
             .iter()
             .map(|v| NewRecord {
@@ -89,10 +89,11 @@ impl Harness {
         self.ok(Command::Publish(Publish {
             topic: topic.into(),
             records,
+            producer: None,
         }));
     }
 
-    fn subscribe(&mut self, topic: &str, name: &str, settings: SubSettings) {
+    pub(super) fn subscribe(&mut self, topic: &str, name: &str, settings: SubSettings) {
         self.ok(Command::CreateSubscription(CreateSub {
             topic: topic.into(),
             name: name.into(),
@@ -134,7 +135,11 @@ fn sref() -> SubRef {
     }
 }
 
-fn settings(ack_timeout_ms: u64, max_deliveries: Option<u32>, dlq: Option<&str>) -> SubSettings {
+pub(super) fn settings(
+    ack_timeout_ms: u64,
+    max_deliveries: Option<u32>,
+    dlq: Option<&str>,
+) -> SubSettings {
     SubSettings {
         start: Start::First,
         ack_timeout_ms,

@@ -35,6 +35,7 @@ fn publish(topic: &str, values: &[&str]) -> Command {
                 value: v.as_bytes().to_vec(),
             })
             .collect(),
+        producer: None,
     })
 }
 
@@ -148,7 +149,8 @@ fn publish_assigns_dense_offsets_and_timestamps() {
         r,
         Ok(Outcome::Published {
             first_offset: 0,
-            last_offset: 1
+            last_offset: 1,
+            duplicate: false,
         })
     );
     let records: Vec<_> = writes
@@ -173,7 +175,8 @@ fn publish_assigns_dense_offsets_and_timestamps() {
         r,
         Ok(Outcome::Published {
             first_offset: 2,
-            last_offset: 2
+            last_offset: 2,
+            duplicate: false,
         })
     );
     let meta = &state.topics["t"];
@@ -324,12 +327,14 @@ fn one_entry_many_commands_each_answered_in_order() {
             Ok(Outcome::TopicCreated),
             Ok(Outcome::Published {
                 first_offset: 0,
-                last_offset: 0
+                last_offset: 0,
+                duplicate: false,
             }),
             Err(ApplyError::TopicNotFound("nope".into())),
             Ok(Outcome::Published {
                 first_offset: 1,
-                last_offset: 1
+                last_offset: 1,
+                duplicate: false,
             }),
         ]
     );

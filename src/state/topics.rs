@@ -38,6 +38,25 @@ pub struct TopicMeta {
     pub bytes: u64,
     /// Leader time of the entry that created the topic.
     pub created_ms: u64,
+    pub counters: TopicCounters,
+}
+
+/// Cumulative counters of a topic; they never decrease.
+///
+/// `published == records() + discarded_retention` at every commit point: retention is the
+/// only way a record leaves a topic. Records a subscription discards stay in the topic for
+/// the others; they are counted here too (summed over the topic's subscriptions, including
+/// deleted ones).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopicCounters {
+    /// Records appended: published, dead letters moved in, broadcast markers.
+    pub published: u64,
+    /// Records of re-sent idempotent batches answered as duplicates.
+    pub deduplicated: u64,
+    pub discarded_retention: u64,
+    pub discarded_max_deliveries: u64,
+    /// Nacked with `dead_letter` where there is no dead-letter topic.
+    pub discarded_rejected: u64,
 }
 
 impl TopicMeta {
@@ -111,6 +130,7 @@ pub(super) fn create(
             next_offset: 0,
             bytes: 0,
             created_ms: state.clock_ms,
+            counters: TopicCounters::default(),
         },
     );
     writes.push(Write::PutTopic(cmd.name.clone()));
@@ -130,6 +150,7 @@ pub(super) fn delete(
     for id in subs {
         super::subscriptions::remove(state, id, writes);
     }
+    state.producers.remove_topic(&cmd.name);
     writes.push(Write::DeleteTopic {
         name: cmd.name.clone(),
         id: meta.id,

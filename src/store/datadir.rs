@@ -14,8 +14,9 @@ use serde::{Deserialize, Serialize};
 
 const IDENTITY_FILE: &str = "IDENTITY";
 const LOCK_FILE: &str = "LOCK";
-/// Layout version of the data directory.
-pub const FORMAT_VERSION: u32 = 1;
+/// Layout version of the data directory. 2: topics, subscriptions and producers are stored
+/// behind a format byte, with report counters (1 had neither; no release wrote it).
+pub const FORMAT_VERSION: u32 = 2;
 
 /// What the `IDENTITY` file records.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

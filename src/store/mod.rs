@@ -82,6 +82,36 @@ pub mod keys {
     /// First key of the subscription family.
     pub const SUB_PREFIX: u8 = b's';
 
+    /// `p` + topic id (big endian) + producer id: one idempotent producer of a topic.
+    pub const PRODUCER_PREFIX: u8 = b'p';
+
+    pub fn producer(topic_id: u64, producer_id: &str) -> Vec<u8> {
+        let mut k = Vec::with_capacity(9 + producer_id.len());
+        k.push(PRODUCER_PREFIX);
+        k.extend_from_slice(&topic_id.to_be_bytes());
+        k.extend_from_slice(producer_id.as_bytes());
+        k
+    }
+
+    /// The key range of every producer of topic `topic_id`.
+    pub fn producers_of(topic_id: u64) -> ([u8; 9], [u8; 9]) {
+        let mut start = [0u8; 9];
+        start[0] = PRODUCER_PREFIX;
+        start[1..].copy_from_slice(&topic_id.to_be_bytes());
+        let mut end = start;
+        end[1..].copy_from_slice(&(topic_id + 1).to_be_bytes());
+        (start, end)
+    }
+
+    pub fn parse_producer(key: &[u8]) -> Option<(u64, String)> {
+        if key.len() < 10 || key[0] != PRODUCER_PREFIX {
+            return None;
+        }
+        let id = u64::from_be_bytes(key[1..9].try_into().ok()?);
+        let producer = String::from_utf8(key[9..].to_vec()).ok()?;
+        Some((id, producer))
+    }
+
     pub fn sub(id: u64) -> [u8; 9] {
         let mut k = [0u8; 9];
         k[0] = SUB_PREFIX;

@@ -1,0 +1,165 @@
+//! Commit points and reports (`GET /v1/topics/{topic}/report`, `GET /v1/report`) and
+//! `POST /v1/broadcast`.
+//!
+//! Reports are served by any node from its applied state, under one read of the view: every
+//! counter in one answer is as of the one commit point it names. The leader's is the freshest.
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::http::Uri;
+use axum::Json;
+use raftq_client::api::{
+    BroadcastRequest, BroadcastResponse, CommitPoint, Discarded, RecordIn, Report,
+    SubscriptionReport, TopicReport,
+};
+
+use super::error::ApiError;
+use super::{check_name, parse_json, TopicName};
+use crate::node::AppState;
+use crate::state::{self, Broadcast, Command, Outcome, SmState, SubState, TopicMeta};
+
+fn commit_point(cp: state::CommitPoint) -> CommitPoint {
+    CommitPoint {
+        index: cp.index,
+        timestamp_ms: cp.time_ms,
+    }
+}
+
+/// The report of one subscription whose topic's next offset is `high_watermark`.
+pub fn subscription_report(sub: &SubState, high_watermark: u64) -> SubscriptionReport {
+    let c = &sub.counters;
+    SubscriptionReport {
+        delivered: c.delivered,
+        acked: c.acked,
+        redelivered: c.redelivered,
+        expired_leases: c.expired_leases,
+        dead_lettered: sub.dead_lettered_total(),
+        cursor: sub.cursor,
+        seen: sub.seen(high_watermark),
+        skipped: c.skipped,
+        backlog: sub.backlog(high_watermark),
+        in_flight: sub.leases.len() as u64,
+        discarded: Discarded {
+            retention: 0,
+            max_deliveries: c.discarded_max_deliveries,
+            rejected: c.discarded_nack,
+        },
+    }
+}
+
+/// The report of topic `name` as of `cp`.
+pub fn topic_report(
+    state: &SmState,
+    name: &str,
+    meta: &TopicMeta,
+    cp: state::CommitPoint,
+) -> TopicReport {
+    let c = &meta.counters;
+    TopicReport {
+        commit_point: commit_point(cp),
+        published: c.published,
+        deduplicated: c.deduplicated,
+        discarded: Discarded {
+            retention: c.discarded_retention,
+            max_deliveries: c.discarded_max_deliveries,
+            rejected: c.discarded_rejected,
+        },
+        records: meta.records(),
+        subscriptions: state
+            .subs_of(name)
+            .map(|sub| (sub.name.clone(), subscription_report(sub, meta.next_offset)))
+            .collect(),
+    }
+}
+
+pub async fn topic(
+    State(node): State<AppState>,
+    TopicName(topic): TopicName,
+) -> Result<Json<TopicReport>, ApiError> {
+    let view = node.sm.view();
+    let meta = view
+        .state
+        .topics
+        .get(&topic)
+        .ok_or_else(|| ApiError::topic_not_found(&topic))?;
+    Ok(Json(topic_report(
+        &view.state,
+        &topic,
+        meta,
+        view.commit_point,
+    )))
+}
+
+pub async fn all(State(node): State<AppState>) -> Json<Report> {
+    let view = node.sm.view();
+    Json(Report {
+        commit_point: commit_point(view.commit_point),
+        topics: view
+            .state
+            .topics
+            .iter()
+            .map(|(name, meta)| {
+                (
+                    name.clone(),
+                    topic_report(&view.state, name, meta, view.commit_point),
+                )
+            })
+            .collect(),
+    })
+}
+
+pub async fn broadcast(
+    State(node): State<AppState>,
+    uri: Uri,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<BroadcastResponse>, ApiError> {
+    let body = body?;
+    let req: BroadcastRequest = if body.iter().all(u8::is_ascii_whitespace) {
+        BroadcastRequest::default()
+    } else {
+        parse_json(&body)?
+    };
+    if let Some(topics) = &req.topics {
+        if topics.is_empty() {
+            return Err(ApiError::invalid(
+                "topics is empty: name at least one topic, or omit it for all topics",
+            ));
+        }
+        for topic in topics {
+            check_name("topic", topic)?;
+        }
+    }
+    // A marker without a value carries an empty one: its point is in the headers.
+    let value_given = req.value.is_some() || req.value_b64.is_some();
+    let record = super::records::convert(
+        0,
+        RecordIn {
+            value: if value_given {
+                req.value
+            } else {
+                Some(String::new())
+            },
+            value_b64: req.value_b64,
+            key: req.key,
+            headers: req.headers,
+        },
+    )
+    .map_err(|e| ApiError::invalid(e.problem.detail.replacen("record 0", "the marker", 1)))?;
+    let (outcome, cp) = node
+        .propose(
+            &uri,
+            Command::Broadcast(Broadcast {
+                topics: req.topics,
+                record,
+            }),
+        )
+        .await?;
+    match outcome {
+        Outcome::Broadcast { offsets } => Ok(Json(BroadcastResponse {
+            commit_point: commit_point(cp),
+            offsets,
+        })),
+        other => Err(ApiError::internal(format!("unexpected outcome {other:?}"))),
+    }
+}
