@@ -166,7 +166,7 @@ fn check_balances(report: &TopicReport, what: &str) {
     for (name, s) in &report.subscriptions {
         assert_eq!(
             s.seen,
-            s.acked + s.dead_lettered + s.skipped + s.backlog + s.in_flight,
+            s.acked + s.dead_lettered + s.skipped + s.discarded.retention + s.backlog + s.in_flight,
             "{what}: balance of subscription {name}: {s:?}"
         );
     }

@@ -180,16 +180,24 @@ impl std::str::FromStr for ReadFrom {
     }
 }
 
-/// Retention limits of a topic (applied by later releases; stored now).
+/// Retention limits of a topic: records are removed from the front of the topic while any
+/// limit is exceeded (each is optional; none means keep everything).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Retention {
+    /// Remove records at least this old (by their leader timestamp).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_age_ms: Option<u64>,
+    /// Keep the stored bytes (values, keys and headers) at or below this.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_bytes: Option<u64>,
+    /// Keep at most this many records.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_records: Option<u64>,
+    /// Work queue: remove records below the cursor of every subscription (a topic without
+    /// subscriptions keeps its records).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub until_acked: bool,
 }
 
 /// Body of `PUT /v1/topics/{topic}`; all fields optional.
@@ -487,9 +495,9 @@ pub struct Discarded {
 /// One subscription in a report. Counters are cumulative and never decrease; `cursor`,
 /// `backlog` and `in_flight` are the state at the commit point.
 ///
-/// Balance: `seen == acked + dead_lettered + skipped + backlog + in_flight`, where
-/// `dead_lettered` counts records moved to the dead-letter topic and records discarded
-/// (`discarded.max_deliveries + discarded.rejected` of them).
+/// Balance: `seen == acked + dead_lettered + skipped + discarded.retention + backlog +
+/// in_flight`, where `dead_lettered` counts records moved to the dead-letter topic and records
+/// discarded by a consumer's refusal (`discarded.max_deliveries + discarded.rejected` of them).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SubscriptionReport {
     pub delivered: u64,
@@ -505,7 +513,9 @@ pub struct SubscriptionReport {
     pub skipped: u64,
     pub backlog: u64,
     pub in_flight: u64,
-    /// The part of `dead_lettered` that was discarded for want of a dead-letter topic.
+    /// Records discarded: `max_deliveries` and `rejected` are the part of `dead_lettered` that
+    /// had no dead-letter topic to go to; `retention` counts records the topic's retention
+    /// removed before this subscription was done with them.
     pub discarded: Discarded,
 }
 

@@ -41,7 +41,7 @@ pub fn subscription_report(sub: &SubState, high_watermark: u64) -> SubscriptionR
         backlog: sub.backlog(high_watermark),
         in_flight: sub.leases.len() as u64,
         discarded: Discarded {
-            retention: 0,
+            retention: c.discarded_retention,
             max_deliveries: c.discarded_max_deliveries,
             rejected: c.discarded_nack,
         },

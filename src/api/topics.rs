@@ -19,6 +19,7 @@ fn settings_from_api(c: &TopicConfig) -> TopicSettings {
         max_bytes: c.retention.max_bytes,
         max_records: c.retention.max_records,
         max_record_bytes: c.max_record_bytes,
+        until_acked: c.retention.until_acked,
     }
 }
 
@@ -28,6 +29,7 @@ fn config_to_api(s: &TopicSettings) -> TopicConfig {
             max_age_ms: s.max_age_ms,
             max_bytes: s.max_bytes,
             max_records: s.max_records,
+            until_acked: s.until_acked,
         },
         max_record_bytes: s.max_record_bytes,
     }

@@ -14,6 +14,7 @@
 pub mod producers;
 mod publish;
 pub mod ranges;
+pub mod retention;
 pub mod subscriptions;
 mod topics;
 
@@ -190,9 +191,14 @@ impl SmState {
         self.subs.insert(sub.id, sub);
     }
 
-    /// When the next lease expires or delay ends, if any: the leader ticks then.
+    /// When the next lease expires, delay ends or record ages out of its topic, if any: the
+    /// leader ticks then.
     pub fn next_due(&self) -> Option<u64> {
-        self.due.first().map(|d| d.0)
+        let retention = self.topics.values().filter_map(retention::age_due).min();
+        match (self.due.first().map(|d| d.0), retention) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// The subscription `name` of `topic`.
@@ -245,6 +251,8 @@ pub enum Write {
     PutSub(u64),
     /// Remove a subscription.
     DeleteSub(u64),
+    /// Remove the records `from..to` of a topic (retention).
+    TrimTopic { topic_id: u64, from: u64, to: u64 },
     /// Persist the current state of this producer.
     PutProducer { topic: String, producer_id: String },
     /// Forget a producer (expired or evicted).
@@ -267,6 +275,7 @@ pub fn apply_entry(
         .iter()
         .map(|cmd| apply_command(state, source, index, cmd, writes))
         .collect();
+    retention::enforce(state, source, writes);
     ApplyResponse {
         commit_point: CommitPoint {
             index,

@@ -383,6 +383,7 @@ fn counters(state: &SmState) -> Vec<u64> {
             c.discarded_nack,
             c.skipped,
             c.rewound,
+            c.discarded_retention,
         ]);
     }
     out
@@ -396,9 +397,16 @@ proptest! {
     /// the topic's discard counters equal the sums over its subscriptions; and no counter
     /// ever decreases.
     #[test]
-    fn balances_hold_and_counters_never_decrease(ops in proptest::collection::vec(op(), 1..150)) {
+    fn balances_hold_and_counters_never_decrease(
+        ops in proptest::collection::vec(op(), 1..150),
+        max_records in prop::option::of(1u64..12),
+        max_bytes in prop::option::of(1u64..40),
+        max_age_ms in prop::option::of(1u64..1_500),
+        until_acked in any::<bool>(),
+    ) {
         let mut h = Harness::new();
-        h.topic("t");
+        let retention = TopicSettings { max_records, max_bytes, max_age_ms, until_acked, ..Default::default() };
+        h.ok(Command::CreateTopic(CreateTopic { name: "t".into(), settings: retention }));
         h.topic("dlq");
         // s1 dead-letters into a topic; s2 has nowhere to, so it discards.
         h.subscribe("t", "s1", settings(200, Some(2), Some("dlq")));
@@ -469,12 +477,30 @@ proptest! {
 
             for (name, meta) in &h.state.topics {
                 prop_assert_eq!(meta.counters.published, meta.records() + meta.counters.discarded_retention, "topic {}", name);
+                // Storage holds exactly the offsets first..next, and their bytes.
+                let stored: Vec<(u64, u64)> = h.records.0.range((meta.id, 0)..(meta.id + 1, 0))
+                    .map(|((_, o), r)| (*o, stored_size(r))).collect();
+                let offsets: Vec<u64> = stored.iter().map(|(o, _)| *o).collect();
+                prop_assert_eq!(offsets, (meta.first_offset..meta.next_offset).collect::<Vec<_>>(), "topic {}", name);
+                prop_assert_eq!(meta.bytes, stored.iter().map(|(_, b)| b).sum::<u64>(), "bytes of {}", name);
+            }
+            // Retention holds after every entry.
+            let t = &h.state.topics["t"];
+            if let Some(max) = max_records { prop_assert!(t.records() <= max); }
+            if let Some(max) = max_bytes { prop_assert!(t.bytes <= max, "{} bytes > {}", t.bytes, max); }
+            if let (Some(age), Some(first)) = (max_age_ms, h.records.0.get(&(t.id, t.first_offset))) {
+                prop_assert!(first.timestamp_ms + age > h.clock, "an expired record stayed");
+                prop_assert_eq!(first.timestamp_ms, t.first_timestamp_ms);
+            }
+            if until_acked {
+                let floor = h.state.subs_of("t").map(|s| s.cursor).min().unwrap_or(0);
+                prop_assert!(t.first_offset >= floor.min(t.next_offset), "records below every cursor stayed");
             }
             let hw = h.state.topics["t"].next_offset;
             let (mut max_deliveries, mut rejected) = (0, 0);
             for sub in h.state.subs.values() {
                 let accounted = sub.counters.acked + sub.dead_lettered_total() + sub.counters.skipped
-                    + sub.backlog(hw) + sub.leases.len() as u64;
+                    + sub.counters.discarded_retention + sub.backlog(hw) + sub.leases.len() as u64;
                 prop_assert_eq!(sub.seen(hw), accounted, "subscription {}: {:?}", sub.name, sub.counters);
                 max_deliveries += sub.counters.discarded_max_deliveries;
                 rejected += sub.counters.discarded_nack;

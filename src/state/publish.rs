@@ -71,6 +71,9 @@ pub(super) fn append(
     writes: &mut Vec<Write>,
 ) -> u64 {
     let offset = meta.next_offset;
+    if meta.records() == 0 {
+        meta.first_timestamp_ms = record.timestamp_ms;
+    }
     writes.push(Write::PutRecord {
         topic_id: meta.id,
         offset,

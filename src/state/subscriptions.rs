@@ -70,6 +70,8 @@ pub struct SubCounters {
     pub skipped: u64,
     /// Offsets a backward cursor move made count again (they were accounted for once).
     pub rewound: u64,
+    /// Records retention removed from the topic before this subscription was done with them.
+    pub discarded_retention: u64,
 }
 
 /// The replicated state of one subscription.
@@ -109,7 +111,8 @@ impl SubState {
 
     /// Offsets it has had to account for, up to `high_watermark`: from its origin, plus those
     /// a backward move made count again. Balance:
-    /// `seen == acked + dead_lettered_total + skipped + backlog + in_flight`.
+    /// `seen == acked + dead_lettered_total + skipped + discarded_retention + backlog +
+    /// in_flight`.
     pub fn seen(&self, high_watermark: u64) -> u64 {
         high_watermark.saturating_sub(self.origin) + self.counters.rewound
     }
@@ -781,4 +784,41 @@ pub(super) fn set_cursor(
     sub.advance_cursor();
     writes.push(Write::PutSub(id));
     Ok(Outcome::CursorSet(sub.cursor))
+}
+
+/// Retention removed every record below `first`: a subscription whose cursor is below it moves
+/// up, counting what it had not finished there as discarded for retention, and forgetting the
+/// leases and redeliveries of removed records.
+pub(super) fn trim(state: &mut SmState, id: u64, first: u64, writes: &mut Vec<Write>) {
+    let Some(sub) = state.subs.get_mut(&id) else {
+        return;
+    };
+    if sub.cursor >= first {
+        return;
+    }
+    let done_passed = sub.done.count_below(first);
+    sub.counters.discarded_retention += (first - sub.cursor) - done_passed;
+    let leases: Vec<(u64, u64)> = sub
+        .leases
+        .range(..first)
+        .map(|(o, l)| (*o, l.expires_ms))
+        .collect();
+    for (offset, expires) in leases {
+        sub.leases.remove(&offset);
+        state.due.remove(&(expires, id, offset));
+    }
+    let pending: Vec<(u64, u64)> = sub
+        .pending
+        .range(..first)
+        .map(|(o, p)| (*o, p.not_before_ms))
+        .collect();
+    for (offset, not_before) in pending {
+        sub.pending.remove(&offset);
+        state.due.remove(&(not_before, id, offset));
+    }
+    sub.done.remove_below(first);
+    sub.cursor = first;
+    sub.next_fresh = sub.next_fresh.max(first);
+    sub.advance_cursor();
+    writes.push(Write::PutSub(id));
 }

@@ -60,6 +60,10 @@ impl Harness {
                     self.records.0.insert((topic_id, offset), record);
                 }
                 Write::DeleteTopic { id, .. } => self.records.0.retain(|(t, _), _| *t != id),
+                Write::TrimTopic { topic_id, from, to } => self
+                    .records
+                    .0
+                    .retain(|(t, o), _| *t != topic_id || *o < from || *o >= to),
                 _ => {}
             }
         }

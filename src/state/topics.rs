@@ -14,9 +14,19 @@ pub struct TopicSettings {
     pub max_bytes: Option<u64>,
     pub max_records: Option<u64>,
     pub max_record_bytes: Option<u64>,
+    /// Remove records below the cursor of every subscription (work queues).
+    pub until_acked: bool,
 }
 
 impl TopicSettings {
+    /// Whether any retention rule applies.
+    pub fn has_retention(&self) -> bool {
+        self.max_age_ms.is_some()
+            || self.max_bytes.is_some()
+            || self.max_records.is_some()
+            || self.until_acked
+    }
+
     /// The largest record this topic accepts.
     pub fn effective_max_record_bytes(&self) -> u64 {
         self.max_record_bytes.unwrap_or(DEFAULT_MAX_RECORD_BYTES)
@@ -39,6 +49,9 @@ pub struct TopicMeta {
     /// Leader time of the entry that created the topic.
     pub created_ms: u64,
     pub counters: TopicCounters,
+    /// Timestamp of the record at `first_offset` (meaningless while the topic is empty):
+    /// what the age rule of retention looks at.
+    pub first_timestamp_ms: u64,
 }
 
 /// Cumulative counters of a topic; they never decrease.
@@ -131,6 +144,7 @@ pub(super) fn create(
             bytes: 0,
             created_ms: state.clock_ms,
             counters: TopicCounters::default(),
+            first_timestamp_ms: 0,
         },
     );
     writes.push(Write::PutTopic(cmd.name.clone()));

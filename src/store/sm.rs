@@ -245,6 +245,13 @@ impl SmShared {
                     let (start, end) = keys::producers_of(id);
                     batch.delete_range_cf(cf, start, end);
                 }
+                Write::TrimTopic { topic_id, from, to } => {
+                    batch.delete_range_cf(
+                        cf,
+                        keys::record(topic_id, from),
+                        keys::record(topic_id, to),
+                    );
+                }
                 Write::PutProducer { topic, producer_id } => {
                     let (Some(meta), Some(p)) = (
                         view.state.topics.get(&topic),
