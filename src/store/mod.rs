@@ -12,6 +12,7 @@
 #![allow(clippy::result_large_err)]
 
 pub mod datadir;
+pub mod faults;
 pub mod log;
 pub mod sm;
 pub mod snapshot;

@@ -351,6 +351,60 @@ impl SmShared {
     }
 }
 
+impl SmShared {
+    /// Builds a snapshot of the applied state durably and makes it the current one; blocking.
+    fn build_blocking(&self) -> StorageResult<(SnapshotMeta, PathBuf)> {
+        let (meta, path, bytes) =
+            snapshot::build(&self.db, &self.snapshot_dir, snapshot_id_suffix())
+                .map_err(|e| io_err(crate::raft::snap_write, e))?;
+        let mut cur = self
+            .current_snapshot
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        *cur = Some(CurrentSnapshot {
+            meta: meta.clone(),
+            path: path.clone(),
+            bytes,
+        });
+        snapshot::remove_others(&self.snapshot_dir, &path);
+        tracing::info!(snapshot = %meta.snapshot_id, bytes, "snapshot built");
+        Ok((meta, path))
+    }
+
+    /// Stores a received snapshot durably, checks it is the one announced, and replaces the
+    /// state machine with it; blocking.
+    fn install_blocking(&self, src: &mut std::fs::File, want: &SnapshotMeta) -> StorageResult<()> {
+        let fail = |e: snapshot::SnapshotError| io_err(crate::raft::snap_write, e);
+        let fault = |e: std::io::Error| io_err(crate::raft::snap_write, e);
+        src.sync_all().map_err(fault)?;
+        let (got, path) = snapshot::store_received(src, &self.snapshot_dir).map_err(fail)?;
+        if got.last_log_id != want.last_log_id || got.snapshot_id != want.snapshot_id {
+            return Err(io_err(
+                crate::raft::snap_write,
+                format!(
+                    "received snapshot {} does not match its meta {}",
+                    got.snapshot_id, want.snapshot_id
+                ),
+            ));
+        }
+        super::faults::point(super::faults::INSTALL_STORED).map_err(fault)?;
+        let bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+        self.load_snapshot(&path).map_err(fail)?;
+        super::faults::point(super::faults::INSTALL_LOADED).map_err(fault)?;
+        let mut cur = self
+            .current_snapshot
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        *cur = Some(CurrentSnapshot {
+            meta: got,
+            path: path.clone(),
+            bytes,
+        });
+        snapshot::remove_others(&self.snapshot_dir, &path);
+        Ok(())
+    }
+}
+
 fn read_applied(db: &DB) -> anyhow::Result<Option<LogId>> {
     let cf = db
         .cf_handle(CF_SM)
@@ -464,25 +518,7 @@ fn snapshot_id_suffix() -> u64 {
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
     async fn build_snapshot(&mut self) -> StorageResult<Snapshot> {
-        let (meta, path) = self
-            .blocking(|shared| {
-                let (meta, path, bytes) =
-                    snapshot::build(&shared.db, &shared.snapshot_dir, snapshot_id_suffix())
-                        .map_err(|e| io_err(crate::raft::snap_write, e))?;
-                let mut cur = shared
-                    .current_snapshot
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner());
-                *cur = Some(CurrentSnapshot {
-                    meta: meta.clone(),
-                    path: path.clone(),
-                    bytes,
-                });
-                snapshot::remove_others(&shared.snapshot_dir, &path);
-                tracing::info!(snapshot = %meta.snapshot_id, bytes, "snapshot built");
-                Ok((meta, path))
-            })
-            .await?;
+        let (meta, path) = self.blocking(|shared| shared.build_blocking()).await?;
         let file = tokio::fs::File::open(&path)
             .await
             .map_err(|e| io_err(crate::raft::snap_read, e))?;
@@ -538,36 +574,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     ) -> StorageResult<()> {
         let mut src = snapshot.into_std().await;
         let want = meta.clone();
-        self.blocking(move |shared| {
-            let fail = |e: snapshot::SnapshotError| io_err(crate::raft::snap_write, e);
-            src.sync_all()
-                .map_err(|e| io_err(crate::raft::snap_write, e))?;
-            let (got, path) =
-                snapshot::store_received(&mut src, &shared.snapshot_dir).map_err(fail)?;
-            if got.last_log_id != want.last_log_id || got.snapshot_id != want.snapshot_id {
-                return Err(io_err(
-                    crate::raft::snap_write,
-                    format!(
-                        "received snapshot {} does not match its meta {}",
-                        got.snapshot_id, want.snapshot_id
-                    ),
-                ));
-            }
-            let bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-            shared.load_snapshot(&path).map_err(fail)?;
-            let mut cur = shared
-                .current_snapshot
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
-            *cur = Some(CurrentSnapshot {
-                meta: got,
-                path: path.clone(),
-                bytes,
-            });
-            snapshot::remove_others(&shared.snapshot_dir, &path);
-            Ok(())
-        })
-        .await
+        self.blocking(move |shared| shared.install_blocking(&mut src, &want))
+            .await
     }
 
     async fn get_current_snapshot(&mut self) -> StorageResult<Option<Snapshot>> {
@@ -705,5 +713,130 @@ mod tests {
                 duplicate: true
             })
         );
+    }
+
+    fn open_at(dir: &std::path::Path) -> Arc<SmShared> {
+        let db = open_db(&dir.join("db")).expect("open db");
+        SmShared::open(db, dir.join("snapshots")).expect("open state machine")
+    }
+
+    fn workload(shared: &SmShared, indexes: std::ops::RangeInclusive<u64>) {
+        for index in indexes {
+            let commands = if index == 1 {
+                vec![Command::CreateTopic(CreateTopic {
+                    name: "t".into(),
+                    settings: TopicSettings::default(),
+                })]
+            } else {
+                vec![publish(index - 2)]
+            };
+            shared
+                .apply_blocking(vec![entry(index, commands)])
+                .expect("apply");
+        }
+    }
+
+    /// What is in the snapshot directory: complete snapshots (each verified) by index, and
+    /// whether any temp file is left.
+    fn snapshot_files(dir: &std::path::Path) -> (Vec<u64>, bool) {
+        let mut indexes = Vec::new();
+        let mut tmp = false;
+        for entry in std::fs::read_dir(dir.join("snapshots")).expect("snapshot dir") {
+            let path = entry.expect("entry").path();
+            let name = path.file_name().unwrap().to_string_lossy().to_string();
+            if name.ends_with(".tmp") {
+                tmp = true;
+            } else {
+                let meta = snapshot::verify(&path).expect("a complete snapshot verifies");
+                indexes.push(meta.last_log_id.map_or(0, |l| l.index));
+            }
+        }
+        indexes.sort();
+        (indexes, tmp)
+    }
+
+    /// A crash at each step of building a snapshot: the node restarts with exactly the state
+    /// it had applied, every snapshot file left is complete (the old one, or the new one once
+    /// renamed), temp files are cleared, and the next build succeeds.
+    #[test]
+    fn a_crash_at_each_step_of_a_snapshot_build_leaves_a_consistent_node() {
+        for point in crate::store::faults::BUILD {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let shared = open_at(dir.path());
+            workload(&shared, 1..=3);
+            shared.build_blocking().expect("first snapshot");
+            workload(&shared, 4..=6);
+            let want = shared.view().state.clone();
+            {
+                let _armed = crate::store::faults::arm(point);
+                assert!(shared.build_blocking().is_err(), "{point} did not fail");
+            }
+            drop(shared);
+
+            let (before, _) = snapshot_files(dir.path());
+            let reopened = open_at(dir.path());
+            assert_eq!(reopened.view().state, want, "{point}: state after restart");
+            assert_eq!(reopened.view().commit_point.index, 6, "{point}");
+            let (after, tmp) = snapshot_files(dir.path());
+            assert!(!tmp, "{point}: a temp file survived the restart");
+            assert_eq!(before, after, "{point}");
+            let renamed = point == crate::store::faults::BUILD_RENAMED;
+            let newest = if renamed { 6 } else { 3 };
+            assert_eq!(after.last(), Some(&newest), "{point}: {after:?}");
+            assert_eq!(reopened.snapshot_info().map(|(i, _)| i), Some(newest));
+            let (meta, _) = reopened.build_blocking().expect("a build after the crash");
+            assert_eq!(meta.last_log_id.map(|l| l.index), Some(6));
+        }
+    }
+
+    /// A crash at each step of receiving and installing a snapshot: the node restarts with
+    /// either its own old state or exactly the snapshot's (once the snapshot file is durable
+    /// under its final name, start-up finishes the install), never a mix.
+    #[test]
+    fn a_crash_at_each_step_of_a_snapshot_install_leaves_a_consistent_node() {
+        let leader_dir = tempfile::tempdir().expect("tempdir");
+        let leader = open_at(leader_dir.path());
+        workload(&leader, 1..=8);
+        let (meta, path) = leader.build_blocking().expect("leader snapshot");
+        let leader_state = leader.view().state.clone();
+
+        for point in crate::store::faults::INSTALL {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let follower = open_at(dir.path());
+            workload(&follower, 1..=2);
+            let old_state = follower.view().state.clone();
+            {
+                let _armed = crate::store::faults::arm(point);
+                let mut src = std::fs::File::open(&path).expect("snapshot file");
+                assert!(
+                    follower.install_blocking(&mut src, &meta).is_err(),
+                    "{point} did not fail"
+                );
+            }
+            drop(follower);
+
+            let reopened = open_at(dir.path());
+            let durable = !matches!(
+                point,
+                crate::store::faults::RECEIVE_WRITTEN | crate::store::faults::RECEIVE_SYNCED
+            );
+            let (files, tmp) = snapshot_files(dir.path());
+            assert!(!tmp, "{point}: a temp file survived the restart");
+            if durable {
+                assert_eq!(reopened.view().state, leader_state, "{point}");
+                assert_eq!(reopened.view().commit_point.index, 8, "{point}");
+                assert_eq!(files, vec![8], "{point}");
+            } else {
+                assert_eq!(reopened.view().state, old_state, "{point}");
+                assert_eq!(reopened.view().commit_point.index, 2, "{point}");
+                assert!(files.is_empty(), "{point}: {files:?}");
+            }
+            // And the install goes through when tried again.
+            let mut src = std::fs::File::open(&path).expect("snapshot file");
+            reopened
+                .install_blocking(&mut src, &meta)
+                .expect("install after restart");
+            assert_eq!(reopened.view().state, leader_state, "{point}");
+        }
     }
 }

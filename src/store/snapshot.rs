@@ -17,6 +17,7 @@ use crc32fast::Hasher;
 use rocksdb::{IteratorMode, ReadOptions, WriteBatch, DB};
 
 use super::datadir::sync_dir;
+use super::faults;
 use super::{keys, CF_SM};
 use crate::codec;
 use crate::raft::{LogId, SnapshotMeta, StoredMembership};
@@ -158,11 +159,14 @@ pub fn build(
     let crc = w.crc.clone().finalize();
     let mut inner = w.inner.into_inner().map_err(|e| e.into_error())?;
     inner.write_all(&crc.to_le_bytes())?;
+    faults::point(faults::BUILD_WRITTEN)?;
     inner.sync_all()?;
+    faults::point(faults::BUILD_SYNCED)?;
     let bytes = w.bytes + 4;
     drop(inner);
     let path = dir.join(&name);
     fs::rename(&tmp, &path)?;
+    faults::point(faults::BUILD_RENAMED)?;
     sync_dir(dir)?;
     Ok((meta, path, bytes))
 }
@@ -243,10 +247,13 @@ pub fn store_received(
     src.seek(io::SeekFrom::Start(0))?;
     let mut out = File::create(&tmp)?;
     io::copy(src, &mut out)?;
+    faults::point(faults::RECEIVE_WRITTEN)?;
     out.sync_all()?;
+    faults::point(faults::RECEIVE_SYNCED)?;
     drop(out);
     let path = dir.join(&name);
     fs::rename(&tmp, &path)?;
+    faults::point(faults::RECEIVE_RENAMED)?;
     sync_dir(dir)?;
     Ok((meta, path))
 }
