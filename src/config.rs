@@ -37,6 +37,22 @@ pub struct ServeArgs {
     /// Longest graceful shutdown before the node flushes and exits anyway, in ms.
     #[arg(long, env = "RAFTQ_SHUTDOWN_TIMEOUT_MS")]
     pub shutdown_timeout_ms: Option<u64>,
+    /// Build a snapshot (and purge the log before it) after this many log entries
+    /// (default 20,000).
+    #[arg(long, env = "RAFTQ_SNAPSHOT_LOGS")]
+    pub snapshot_logs: Option<u64>,
+    /// ... or after this many bytes of commands were applied since the last snapshot
+    /// (default 256 MiB), whichever comes first.
+    #[arg(long, env = "RAFTQ_SNAPSHOT_BYTES")]
+    pub snapshot_bytes: Option<u64>,
+    /// Log entries kept before a snapshot's index when the log is purged, so a follower a
+    /// little behind catches up from the log rather than a whole snapshot (default 1,000).
+    #[arg(long, env = "RAFTQ_SNAPSHOT_KEEP_LOGS")]
+    pub snapshot_keep_logs: Option<u64>,
+    /// RocksDB memtable size per column family, in bytes (default 64 MiB). The write-ahead
+    /// log is bounded at four times this: memtables are flushed when it is reached.
+    #[arg(long, env = "RAFTQ_WRITE_BUFFER_BYTES")]
+    pub write_buffer_bytes: Option<u64>,
     /// TOML file with the same settings (keys as the flags, with `_` for `-`).
     #[arg(long, env = "RAFTQ_CONFIG")]
     pub config: Option<PathBuf>,
@@ -66,6 +82,9 @@ struct FileConfig {
     raft_body_limit: Option<usize>,
     write_timeout_ms: Option<u64>,
     snapshot_logs: Option<u64>,
+    snapshot_bytes: Option<u64>,
+    snapshot_keep_logs: Option<u64>,
+    write_buffer_bytes: Option<u64>,
 }
 
 /// Resolved settings of one node.
@@ -87,6 +106,12 @@ pub struct Settings {
     pub write_timeout: Duration,
     /// Log entries between snapshots.
     pub snapshot_logs: u64,
+    /// Applied command bytes between snapshots.
+    pub snapshot_bytes: u64,
+    /// Log entries kept before a snapshot when purging.
+    pub snapshot_keep_logs: u64,
+    /// RocksDB memtable size per column family.
+    pub write_buffer_bytes: u64,
 }
 
 impl Settings {
@@ -196,6 +221,25 @@ impl ServeArgs {
         if !raftq_client::api::is_valid_name(&cluster_id) {
             bail!("--cluster-id must match [A-Za-z0-9._-]{{1,128}}");
         }
+        let snapshot_logs = self.snapshot_logs.or(file.snapshot_logs).unwrap_or(20_000);
+        let snapshot_bytes = self
+            .snapshot_bytes
+            .or(file.snapshot_bytes)
+            .unwrap_or(256 << 20);
+        if snapshot_logs == 0 || snapshot_bytes == 0 {
+            bail!("snapshot_logs and snapshot_bytes must be at least 1");
+        }
+        let snapshot_keep_logs = self
+            .snapshot_keep_logs
+            .or(file.snapshot_keep_logs)
+            .unwrap_or(1_000);
+        let write_buffer_bytes = self
+            .write_buffer_bytes
+            .or(file.write_buffer_bytes)
+            .unwrap_or(64 << 20);
+        if !(64 << 10..=1 << 30).contains(&write_buffer_bytes) {
+            bail!("write_buffer_bytes must be between 64 KiB and 1 GiB, not {write_buffer_bytes}");
+        }
         Ok(Settings {
             id,
             listen,
@@ -211,7 +255,10 @@ impl ServeArgs {
             max_body_bytes: file.max_body_bytes.unwrap_or(32 << 20),
             raft_body_limit: file.raft_body_limit.unwrap_or(256 << 20),
             write_timeout: Duration::from_millis(file.write_timeout_ms.unwrap_or(10_000)),
-            snapshot_logs: file.snapshot_logs.unwrap_or(20_000),
+            snapshot_logs,
+            snapshot_bytes,
+            snapshot_keep_logs,
+            write_buffer_bytes,
         })
     }
 }
@@ -237,6 +284,15 @@ mod tests {
         assert_eq!(s.peers[&2], "http://127.0.0.1:7002");
         assert_eq!(s.own_url(), "http://127.0.0.1:7001");
         assert_eq!(s.cluster_id, "raftq");
+        assert_eq!(
+            (s.snapshot_logs, s.snapshot_bytes, s.snapshot_keep_logs),
+            (20_000, 256 << 20, 1_000)
+        );
+        let mut a = base();
+        a.snapshot_logs = Some(50);
+        a.write_buffer_bytes = Some(1 << 20);
+        let s = a.resolve().unwrap();
+        assert_eq!((s.snapshot_logs, s.write_buffer_bytes), (50, 1 << 20));
     }
 
     #[test]
@@ -268,6 +324,14 @@ mod tests {
             (
                 Box::new(|a| a.cluster_id = Some("a b".into())),
                 "--cluster-id",
+            ),
+            (
+                Box::new(|a| a.snapshot_logs = Some(0)),
+                "snapshot_logs and snapshot_bytes must be at least 1",
+            ),
+            (
+                Box::new(|a| a.write_buffer_bytes = Some(1000)),
+                "write_buffer_bytes must be between",
             ),
         ];
         for (mutate, want) in cases {

@@ -161,7 +161,7 @@ fn raft_config(settings: &Settings) -> anyhow::Result<openraft::Config> {
         // Entries are batches of many commands; bound how many go in one RPC.
         max_payload_entries: 32,
         snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(settings.snapshot_logs),
-        max_in_snapshot_log_to_keep: 1000,
+        max_in_snapshot_log_to_keep: settings.snapshot_keep_logs,
         ..Default::default()
     };
     Ok(config.validate()?)
@@ -176,7 +176,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         );
     }
     let datadir = DataDir::open(&settings.data, &settings.cluster_id, settings.id)?;
-    let db = store::open_db(&datadir.db_path()).with_context(|| {
+    let db = store::open_db_with(&datadir.db_path(), settings.write_buffer_bytes).with_context(|| {
         format!(
             "cannot open the database in {}; if it is corrupt, move the directory aside and let the node rejoin empty",
             datadir.db_path().display()
@@ -236,6 +236,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
 
     tokio::spawn(bootstrap(node.clone()));
     tokio::spawn(ticker(node.clone()));
+    tokio::spawn(snapshot_by_bytes(node.clone()));
     let fatal = watch_fatal(node.clone());
 
     tokio::select! {
@@ -293,6 +294,26 @@ fn now_ms() -> u64 {
 /// On the leader: proposes a tick entry when a lease expires or a nack delay ends and nothing
 /// else moved the clock past it, so expired records become available again (and waiting pulls
 /// are answered) without a client write. Time in the state machine stays the leader's
+/// Snapshot policy by size: openraft triggers a snapshot after `snapshot_logs` entries; this
+/// task also triggers one once `snapshot_bytes` of commands were applied since the last, so a
+/// few huge entries cannot grow the log without bound either.
+async fn snapshot_by_bytes(node: AppState) {
+    let mut applied = node.sm.subscribe_applied();
+    let mut shutdown = node.shutdown_rx();
+    loop {
+        if node.sm.bytes_since_snapshot() >= node.settings.snapshot_bytes {
+            if let Err(e) = node.raft.trigger().snapshot().await {
+                tracing::warn!("cannot trigger a snapshot: {e}");
+            }
+            // Give the build time to start (it resets the count) before looking again.
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        tokio::select! {
+            _ = applied.changed() => {}
+            _ = shutdown.changed() => return,
+        }
+    }
+}
 /// stamped time; this task only decides when to stamp.
 async fn ticker(node: AppState) {
     let mut applied = node.sm.subscribe_applied();

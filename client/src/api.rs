@@ -264,6 +264,24 @@ pub struct ClusterStatus {
     pub last_applied: u64,
     pub members: Vec<ClusterMember>,
     pub snapshot: Option<SnapshotInfo>,
+    /// With `?digest=true`: a digest of this node's whole state machine as of an index.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_digest: Option<StateDigest>,
+}
+
+/// A digest of a node's state machine: nodes that applied the same `index` have the same
+/// `digest`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateDigest {
+    pub index: u64,
+    pub digest: String,
+}
+
+/// Answer to `POST /v1/cluster/snapshot`: the snapshot the answering node now has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotTaken {
+    pub node_id: u64,
+    pub snapshot: SnapshotInfo,
 }
 
 /// Most records one pull leases.

@@ -2,15 +2,42 @@
 
 use std::sync::atomic::Ordering;
 
-use axum::extract::State;
+use std::time::{Duration, Instant};
+
+use axum::extract::{RawQuery, State};
 use axum::Json;
-use raftq_client::api::{ClusterMember, ClusterStatus, SnapshotInfo};
+use raftq_client::api::{ClusterMember, ClusterStatus, SnapshotInfo, SnapshotTaken, StateDigest};
 use serde_json::{json, Value};
 
 use super::error::ApiError;
 use crate::node::AppState;
 
-pub async fn status(State(node): State<AppState>) -> Json<ClusterStatus> {
+pub async fn status(
+    State(node): State<AppState>,
+    RawQuery(query): RawQuery,
+) -> Result<Json<ClusterStatus>, ApiError> {
+    let mut want_digest = false;
+    for (k, v) in form_urlencoded::parse(query.as_deref().unwrap_or("").as_bytes()) {
+        match (k.as_ref(), v.as_ref()) {
+            ("digest", "true") => want_digest = true,
+            ("digest", "false") => {}
+            _ => {
+                return Err(ApiError::invalid(format!(
+                    "unknown query parameter {k}={v}; only digest=true|false is known"
+                )))
+            }
+        }
+    }
+    let state_digest = if want_digest {
+        let sm = node.sm.clone();
+        let (index, digest) = tokio::task::spawn_blocking(move || sm.digest())
+            .await
+            .map_err(|e| ApiError::internal(e.to_string()))?
+            .map_err(ApiError::internal)?;
+        Some(StateDigest { index, digest })
+    } else {
+        None
+    };
     let m = node.raft.metrics().borrow().clone();
     let membership = m.membership_config.membership();
     let voters: Vec<u64> = membership.voter_ids().collect();
@@ -33,7 +60,7 @@ pub async fn status(State(node): State<AppState>) -> Json<ClusterStatus> {
             }
         })
         .collect();
-    Json(ClusterStatus {
+    Ok(Json(ClusterStatus {
         node_id: node.id,
         leader_id: m.current_leader,
         leader_url,
@@ -45,7 +72,38 @@ pub async fn status(State(node): State<AppState>) -> Json<ClusterStatus> {
             .sm
             .snapshot_info()
             .map(|(index, bytes)| SnapshotInfo { index, bytes }),
-    })
+        state_digest,
+    }))
+}
+
+/// `POST /v1/cluster/snapshot`: builds a snapshot on the answering node (snapshots are per
+/// node; this is not redirected to the leader) of everything it has applied, and answers once
+/// it is durable and the log before it may be purged.
+pub async fn snapshot(State(node): State<AppState>) -> Result<Json<SnapshotTaken>, ApiError> {
+    let applied = node.sm.view().commit_point.index;
+    node.raft
+        .trigger()
+        .snapshot()
+        .await
+        .map_err(|e| ApiError::internal(format!("cannot start a snapshot: {e}")))?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some((index, bytes)) = node.sm.snapshot_info() {
+            if index >= applied {
+                return Ok(Json(SnapshotTaken {
+                    node_id: node.id,
+                    snapshot: SnapshotInfo { index, bytes },
+                }));
+            }
+        }
+        if Instant::now() >= deadline {
+            return Err(ApiError::internal(format!(
+                "the snapshot of index {applied} is not done after 60 s; see the node's log"
+            ))
+            .with_status(503));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// The process is alive and answering.

@@ -59,6 +59,7 @@ pub fn router(state: AppState) -> Router {
             put(subscriptions::cursor),
         )
         .route("/v1/cluster", get(cluster::status))
+        .route("/v1/cluster/snapshot", post(cluster::snapshot))
         .layer(middleware::from_fn_with_state(state.clone(), shutdown_gate))
         .layer(DefaultBodyLimit::max(body_limit));
     Router::new()

@@ -49,8 +49,18 @@ pub fn write_options(sync: bool) -> WriteOptions {
     w
 }
 
-/// Opens (creating if needed) the node's database at `path`.
+/// Default memtable size per column family.
+pub const DEFAULT_WRITE_BUFFER_BYTES: u64 = 64 << 20;
+
+/// Opens (creating if needed) the node's database at `path` with default sizes.
 pub fn open_db(path: &Path) -> Result<Arc<DB>, rocksdb::Error> {
+    open_db_with(path, DEFAULT_WRITE_BUFFER_BYTES)
+}
+
+/// Opens (creating if needed) the node's database at `path`, with memtables of
+/// `write_buffer_bytes` per column family and the write-ahead log bounded at four times that
+/// (reaching it flushes the memtables holding the oldest log data).
+pub fn open_db_with(path: &Path, write_buffer_bytes: u64) -> Result<Arc<DB>, rocksdb::Error> {
     let mut opts = Options::default();
     opts.create_if_missing(true);
     opts.create_missing_column_families(true);
@@ -59,10 +69,12 @@ pub fn open_db(path: &Path) -> Result<Arc<DB>, rocksdb::Error> {
     opts.set_wal_recovery_mode(rocksdb::DBRecoveryMode::PointInTime);
     opts.set_paranoid_checks(true);
     opts.set_max_background_jobs(2);
-    opts.set_write_buffer_size(64 << 20);
+    let buffer = write_buffer_bytes as usize;
+    opts.set_write_buffer_size(buffer);
+    opts.set_max_total_wal_size(4 * write_buffer_bytes);
     let cfs = [CF_LOG, CF_RAFT, CF_SM].map(|name| {
         let mut cf = Options::default();
-        cf.set_write_buffer_size(64 << 20);
+        cf.set_write_buffer_size(buffer);
         ColumnFamilyDescriptor::new(name, cf)
     });
     Ok(Arc::new(DB::open_cf_descriptors(&opts, path, cfs)?))

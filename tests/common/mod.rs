@@ -100,14 +100,23 @@ pub struct Cluster {
     /// Raw HTTP client: no redirects, no connection reuse (so a killed node never leaves a
     /// stale pooled connection behind, and every request is a fresh connect).
     http: reqwest::Client,
+    /// Extra `raftq serve` arguments of every node.
+    extra_args: Vec<String>,
 }
 
 impl Cluster {
     /// Starts an `n`-node cluster and waits until all nodes agree on a leader.
     pub async fn start(n: u64) -> Cluster {
+        Self::start_with(n, &[]).await
+    }
+
+    /// [`Cluster::start`], with extra `raftq serve` arguments for every node (e.g.
+    /// `--snapshot-logs 50`).
+    pub async fn start_with(n: u64, extra_args: &[&str]) -> Cluster {
         const ATTEMPTS: u32 = 3;
         for attempt in 1..=ATTEMPTS {
-            let cluster = Cluster::create(n);
+            let mut cluster = Cluster::create(n);
+            cluster.extra_args = extra_args.iter().map(|a| a.to_string()).collect();
             for id in cluster.ids() {
                 cluster.spawn(id);
             }
@@ -158,6 +167,7 @@ impl Cluster {
             secret_file,
             nodes: Mutex::new(nodes),
             http,
+            extra_args: Vec::new(),
         }
     }
 
@@ -257,7 +267,8 @@ impl Cluster {
             .arg("--cluster-secret-file")
             .arg(&self.secret_file)
             .arg("--cluster-id")
-            .arg(cluster_id);
+            .arg(cluster_id)
+            .args(&self.extra_args);
         // Only the command line configures the node: no RAFTQ_* leaks in from the test's
         // environment, except the log filter, which may be overridden with RAFTQ_TEST_LOG.
         for (name, _) in std::env::vars_os() {
