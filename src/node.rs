@@ -43,6 +43,9 @@ pub struct Node {
     writes_in_flight: AtomicUsize,
     /// Set once shutdown stops Raft on purpose, so that is not mistaken for a fatal error.
     stopping_raft: AtomicBool,
+    /// Set while this leader hands leadership to another voter: writes are refused (a
+    /// definite 503) and heartbeats paused, so the followers' lease on it can lapse.
+    transferring: AtomicBool,
 }
 
 pub type AppState = Arc<Node>;
@@ -96,6 +99,91 @@ impl Node {
             .is_some_and(|ms| ms <= QUORUM_STALE_MS)
     }
 
+    /// Whether a leadership transfer is under way on this node.
+    pub fn is_transferring(&self) -> bool {
+        self.transferring.load(Ordering::SeqCst)
+    }
+
+    /// Answers early, without doing anything, unless this node leads with a quorum: a 307 to
+    /// the leader, or 503 `no_leader` (also while a transfer is under way). A definite "not
+    /// applied".
+    pub fn require_leader(&self, uri: &Uri) -> Result<(), ApiError> {
+        match self.leader() {
+            Some((id, _))
+                if id == self.id && (!self.leads_with_quorum() || self.is_transferring()) =>
+            {
+                Err(ApiError::no_leader())
+            }
+            Some((id, _)) if id == self.id => Ok(()),
+            Some((id, url)) => Err(ApiError::not_leader(id, &url, &path_and_query(uri))),
+            None => Err(ApiError::no_leader()),
+        }
+    }
+
+    /// Hands leadership to voter `to` (or the most up-to-date follower): writes pause (answered
+    /// 503 `no_leader`, never applied), the followers are let catch up, heartbeats stop until
+    /// the followers' lease on this leader lapses, and the target is asked to start an
+    /// election. Returns the new leader. Leader only.
+    pub async fn transfer_leadership(&self, to: Option<NodeId>) -> Result<NodeId, ApiError> {
+        let (target, url) = match to {
+            Some(id) if id == self.id => {
+                return Err(ApiError::invalid(format!("node {id} already leads")))
+            }
+            Some(id) => {
+                let m = self.raft.metrics().borrow().clone();
+                let membership = m.membership_config.membership();
+                if !membership.voter_ids().any(|v| v == id) {
+                    return Err(ApiError::invalid(format!(
+                        "node {id} is not a voter; only a voter can lead"
+                    )));
+                }
+                let url = membership
+                    .get_node(&id)
+                    .map(|n| n.addr.clone())
+                    .unwrap_or_default();
+                (id, url)
+            }
+            None => most_up_to_date_follower(self)
+                .ok_or_else(|| ApiError::invalid("there is no other voter to lead"))?,
+        };
+        if self.transferring.swap(true, Ordering::SeqCst) {
+            return Err(ApiError::no_leader());
+        }
+        let result = self.transfer_to(target, &url).await;
+        self.raft.runtime_config().heartbeat(true);
+        self.transferring.store(false, Ordering::SeqCst);
+        result
+    }
+
+    async fn transfer_to(&self, target: NodeId, url: &str) -> Result<NodeId, ApiError> {
+        let start = Instant::now();
+        let deadline = start + Duration::from_secs(10);
+        while self.writes_in_flight.load(Ordering::SeqCst) > 0
+            && start.elapsed() < Duration::from_secs(2)
+        {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        wait_followers_caught_up(self, deadline).await;
+        self.raft.runtime_config().heartbeat(false);
+        let paused = Instant::now();
+        hand_over(self, target, url, paused, deadline).await;
+        let mut rx = self.raft.metrics();
+        loop {
+            let leader = rx.borrow().current_leader;
+            match leader {
+                Some(id) if id != self.id => return Ok(id),
+                _ => {}
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || tokio::time::timeout(left, rx.changed()).await.is_err() {
+                return Err(ApiError::internal(format!(
+                    "node {target} did not take over within 10 s; this node still leads"
+                ))
+                .with_status(503));
+            }
+        }
+    }
+
     /// Proposes one command through Raft and maps every failure to its API answer.
     /// `uri` is the request's path and query, for the 307 to the leader.
     pub async fn propose(
@@ -108,15 +196,7 @@ impl Node {
                 self.leader().filter(|(id, _)| *id != self.id),
             ));
         }
-        // Answer early, without proposing, when another node leads: a definite "not applied".
-        match self.leader() {
-            Some((id, _)) if id == self.id && !self.leads_with_quorum() => {
-                return Err(ApiError::no_leader());
-            }
-            Some((id, _)) if id == self.id => {}
-            Some((id, url)) => return Err(ApiError::not_leader(id, &url, &path_and_query(uri))),
-            None => return Err(ApiError::no_leader()),
-        }
+        self.require_leader(uri)?;
         self.writes_in_flight.fetch_add(1, Ordering::SeqCst);
         let _guard = InFlight(&self.writes_in_flight);
         match self
@@ -214,6 +294,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         shutdown_tx,
         writes_in_flight: AtomicUsize::new(0),
         stopping_raft: AtomicBool::new(false),
+        transferring: AtomicBool::new(false),
     });
     tracing::info!(
         id = settings.id,
@@ -323,7 +404,12 @@ async fn ticker(node: AppState) {
         let next_due = node.sm.view().state.next_due();
         let now = now_ms();
         let wait = match next_due {
-            Some(due) if due <= now && node.is_leader() && node.leads_with_quorum() => {
+            Some(due)
+                if due <= now
+                    && node.is_leader()
+                    && node.leads_with_quorum()
+                    && !node.is_transferring() =>
+            {
                 match node
                     .proposer
                     .propose(Command::Tick, node.settings.write_timeout)

@@ -277,6 +277,36 @@ pub struct StateDigest {
     pub digest: String,
 }
 
+/// Body of `POST /v1/cluster/nodes`: add a node as a learner.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AddNodeRequest {
+    pub id: u64,
+    pub url: String,
+}
+
+/// Body of `POST /v1/cluster/voters`: the complete set of voters from now on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SetVotersRequest {
+    pub ids: Vec<u64>,
+}
+
+/// Body of `POST /v1/cluster/transfer-leader`: the voter to lead (omitted: the most
+/// up-to-date follower).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TransferLeaderRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<u64>,
+}
+
+/// Answer to `POST /v1/cluster/transfer-leader`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TransferLeaderResponse {
+    pub leader_id: u64,
+}
+
 /// Answer to `POST /v1/cluster/snapshot`: the snapshot the answering node now has.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SnapshotTaken {

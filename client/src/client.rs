@@ -15,12 +15,13 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::api::{
-    is_valid_name, AckRequest, BroadcastRequest, BroadcastResponse, ClusterStatus, CursorRequest,
-    CursorResponse, ExtendRequest, NackRequest, PublishRequest, PublishResponse, PullRequest,
-    PullResponse, ReadFrom, ReadResponse, ReceiptResult, ReceiptResults, RecordIn, Report,
-    SubscriptionConfig, SubscriptionInfo, SubscriptionList, TopicConfig, TopicInfo, TopicList,
-    TopicReport, TopicSummary, MAX_ACK_TIMEOUT_MS, MAX_BATCH_RECORDS, MAX_NACK_DELAY_MS, MAX_PULL,
-    MAX_RECEIPTS, MAX_WAIT_MS,
+    is_valid_name, AckRequest, AddNodeRequest, BroadcastRequest, BroadcastResponse, ClusterStatus,
+    CursorRequest, CursorResponse, ExtendRequest, NackRequest, PublishRequest, PublishResponse,
+    PullRequest, PullResponse, ReadFrom, ReadResponse, ReceiptResult, ReceiptResults, RecordIn,
+    Report, SetVotersRequest, SnapshotTaken, SubscriptionConfig, SubscriptionInfo,
+    SubscriptionList, TopicConfig, TopicInfo, TopicList, TopicReport, TopicSummary,
+    TransferLeaderRequest, TransferLeaderResponse, MAX_ACK_TIMEOUT_MS, MAX_BATCH_RECORDS,
+    MAX_NACK_DELAY_MS, MAX_PULL, MAX_RECEIPTS, MAX_WAIT_MS,
 };
 use crate::error::Error;
 use crate::transport::{base_url, encode_query_value, Call, Retry, Transport};
@@ -734,6 +735,83 @@ impl Client {
             self.transport.learn_leader(leader_url);
         }
         Ok(status)
+    }
+
+    /// Adds node `id` at `url` as a learner and waits (on the server, up to 60 s) until it
+    /// has caught up. Adding a node that is already a member at the same URL only waits.
+    pub async fn add_node(&self, id: u64, url: &str) -> Result<ClusterStatus, Error> {
+        let body = AddNodeRequest {
+            id,
+            url: url.to_string(),
+        };
+        self.membership_call(
+            Method::POST,
+            "v1/cluster/nodes".into(),
+            Some(json_body(&body)?),
+        )
+        .await
+    }
+
+    /// Makes exactly `ids` the voters (members that leave the voters stay as learners).
+    pub async fn set_voters(&self, ids: &[u64]) -> Result<ClusterStatus, Error> {
+        let body = SetVotersRequest { ids: ids.to_vec() };
+        self.membership_call(
+            Method::POST,
+            "v1/cluster/voters".into(),
+            Some(json_body(&body)?),
+        )
+        .await
+    }
+
+    /// Removes node `id` from the cluster. Its id can never be used again.
+    pub async fn remove_node(&self, id: u64) -> Result<ClusterStatus, Error> {
+        self.membership_call(Method::DELETE, format!("v1/cluster/nodes/{id}"), None)
+            .await
+    }
+
+    /// Moves leadership to voter `to` (or the most up-to-date follower); returns the new
+    /// leader.
+    pub async fn transfer_leader(&self, to: Option<u64>) -> Result<u64, Error> {
+        let body = TransferLeaderRequest { to };
+        let answer: TransferLeaderResponse = self
+            .membership_call(
+                Method::POST,
+                "v1/cluster/transfer-leader".into(),
+                Some(json_body(&body)?),
+            )
+            .await?;
+        Ok(answer.leader_id)
+    }
+
+    /// Asks the node at `url` (snapshots are per node) to build a snapshot now.
+    pub async fn snapshot(&self, url: &str) -> Result<SnapshotTaken, Error> {
+        let single = Client::new([url])?;
+        let call = Call {
+            method: Method::POST,
+            target: "v1/cluster/snapshot".to_string(),
+            body: None,
+            retry: Retry::IdempotentWrite,
+            hold: Duration::ZERO,
+        };
+        single.send_json(&call).await
+    }
+
+    /// Membership changes converge on a target state, so re-sending one after a lost answer
+    /// is safe.
+    async fn membership_call<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        target: String,
+        body: Option<Bytes>,
+    ) -> Result<T, Error> {
+        let call = Call {
+            method,
+            target,
+            body: body.map(|b| (b, JSON)),
+            retry: Retry::IdempotentWrite,
+            hold: Duration::ZERO,
+        };
+        self.send_json(&call).await
     }
 
     async fn get<T: DeserializeOwned>(&self, target: String, hold: Duration) -> Result<T, Error> {

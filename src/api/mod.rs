@@ -2,6 +2,7 @@
 
 pub mod cluster;
 pub mod error;
+pub mod membership;
 pub mod records;
 pub mod reports;
 pub mod subscriptions;
@@ -10,7 +11,7 @@ pub mod topics;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, put};
+use axum::routing::{delete, get, post, put};
 use axum::Router;
 
 use self::error::ApiError;
@@ -60,6 +61,13 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/v1/cluster", get(cluster::status))
         .route("/v1/cluster/snapshot", post(cluster::snapshot))
+        .route("/v1/cluster/nodes", post(membership::add_node))
+        .route("/v1/cluster/nodes/{id}", delete(membership::remove_node))
+        .route("/v1/cluster/voters", post(membership::set_voters))
+        .route(
+            "/v1/cluster/transfer-leader",
+            post(membership::transfer_leader),
+        )
         .layer(middleware::from_fn_with_state(state.clone(), shutdown_gate))
         .layer(DefaultBodyLimit::max(body_limit));
     Router::new()

@@ -173,6 +173,9 @@ pub struct SmState {
     pub due: BTreeSet<(u64, u64, u64)>,
     /// Idempotent producers per topic.
     pub producers: Producers,
+    /// Node ids that were members and were removed: never to be reused. Maintained from the
+    /// membership entries the store applies.
+    pub retired_nodes: BTreeSet<u64>,
 }
 
 impl SmState {

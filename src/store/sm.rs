@@ -78,12 +78,13 @@ fn decode_record(bytes: &[u8]) -> Result<StoredRecord, String> {
 }
 
 /// The in-memory counters of [`SmState`] that are persisted under `m:state`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 enum SmMeta {
     V1 {
         clock_ms: u64,
         next_topic_id: u64,
         next_sub_id: u64,
+        retired_nodes: Vec<u64>,
     },
 }
 
@@ -227,6 +228,12 @@ impl SmShared {
                     )
                 }
                 EntryPayload::Membership(m) => {
+                    let before: Vec<u64> = view.membership.membership().nodes().map(|(id, _)| *id).collect();
+                    for id in before {
+                        if m.get_node(&id).is_none() {
+                            view.state.retired_nodes.insert(id);
+                        }
+                    }
                     view.membership = StoredMembership::new(Some(entry.log_id), m.clone());
                     membership_changed = true;
                     ApplyResponse {
@@ -325,6 +332,7 @@ impl SmShared {
             clock_ms: view.state.clock_ms,
             next_topic_id: view.state.next_topic_id,
             next_sub_id: view.state.next_sub_id,
+            retired_nodes: view.state.retired_nodes.iter().copied().collect(),
         };
         batch.put_cf(cf, keys::SM_META, codec::encode(&sm_meta).map_err(enc)?);
         batch.put_cf(
@@ -481,7 +489,9 @@ fn load_view(db: &DB) -> anyhow::Result<SmView> {
             clock_ms,
             next_topic_id,
             next_sub_id,
+            retired_nodes,
         } = codec::decode(&b)?;
+        view.state.retired_nodes = retired_nodes.into_iter().collect();
         view.state.clock_ms = clock_ms;
         view.state.next_topic_id = next_topic_id;
         view.state.next_sub_id = next_sub_id;

@@ -102,6 +102,9 @@ pub struct Cluster {
     http: reqwest::Client,
     /// Extra `raftq serve` arguments of every node.
     extra_args: Vec<String>,
+    /// With spare nodes: how many of the lowest ids form the cluster at first (they list
+    /// only each other as peers; the spares list everyone and wait to be added).
+    initial_voters: Option<u64>,
 }
 
 impl Cluster {
@@ -113,11 +116,24 @@ impl Cluster {
     /// [`Cluster::start`], with extra `raftq serve` arguments for every node (e.g.
     /// `--snapshot-logs 50`).
     pub async fn start_with(n: u64, extra_args: &[&str]) -> Cluster {
+        Self::start_full(n, 0, extra_args).await
+    }
+
+    /// A cluster of `voters` nodes, plus `spares` more (the next ids) that are not started:
+    /// start one with [`Cluster::restart`], then add it through the membership API.
+    pub async fn start_with_spares(voters: u64, spares: u64) -> Cluster {
+        Self::start_full(voters, spares, &[]).await
+    }
+
+    async fn start_full(n: u64, spares: u64, extra_args: &[&str]) -> Cluster {
         const ATTEMPTS: u32 = 3;
         for attempt in 1..=ATTEMPTS {
-            let mut cluster = Cluster::create(n);
+            let mut cluster = Cluster::create(n + spares);
             cluster.extra_args = extra_args.iter().map(|a| a.to_string()).collect();
-            for id in cluster.ids() {
+            if spares > 0 {
+                cluster.initial_voters = Some(n);
+            }
+            for id in 1..=n {
                 cluster.spawn(id);
             }
             match cluster.poll_leader(Duration::from_secs(30)).await {
@@ -168,6 +184,7 @@ impl Cluster {
             nodes: Mutex::new(nodes),
             http,
             extra_args: Vec::new(),
+            initial_voters: None,
         }
     }
 
@@ -241,9 +258,14 @@ impl Cluster {
             .unwrap_or_else(|e| self.fail(&format!("cannot build an SDK client: {e}")))
     }
 
-    fn peers_arg(nodes: &BTreeMap<u64, NodeProc>) -> String {
+    fn peers_arg(nodes: &BTreeMap<u64, NodeProc>, id: u64, initial: Option<u64>) -> String {
+        let limit = match initial {
+            Some(k) if id <= k => k,
+            _ => u64::MAX,
+        };
         nodes
             .iter()
+            .filter(|(peer, _)| **peer <= limit)
             .map(|(id, n)| format!("{id}=http://127.0.0.1:{}", n.port))
             .collect::<Vec<_>>()
             .join(",")
@@ -253,7 +275,7 @@ impl Cluster {
     /// directory and cluster id (the harness uses its own values; tests vary them to check the
     /// start-up guards). Standard streams are left to the caller.
     pub fn serve_command(&self, id: u64, port: u16, data: &Path, cluster_id: &str) -> Command {
-        let peers = Self::peers_arg(&lock(&self.nodes));
+        let peers = Self::peers_arg(&lock(&self.nodes), id, self.initial_voters);
         let mut cmd = Command::new(BIN);
         cmd.arg("serve")
             .arg("--id")

@@ -1,0 +1,184 @@
+//! Changing the cluster under load (API.md, "Cluster and operations"): grow from three voters
+//! to five, shrink back to three, move leadership, then kill a voter. Nothing acknowledged is
+//! lost and writes keep flowing; a removed node id is never accepted again.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use common::{wait_acks, Cluster, Load};
+use raftq_client::api::{ClusterStatus, TopicConfig, TransferLeaderResponse};
+use serde_json::{json, Value};
+
+/// The leader as the running members see it (a node not yet added sees none).
+async fn leader(c: &Cluster) -> u64 {
+    for _ in 0..200 {
+        for id in c.running_ids() {
+            if let Ok(s) = c.status(id).await {
+                if let Some(l) = s.leader_id.filter(|l| c.is_running(*l)) {
+                    return l;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    c.fail("no running node names a running leader")
+}
+
+async fn change(
+    c: &Cluster,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<Value>,
+) -> reqwest::Response {
+    let leader = leader(c).await;
+    let mut req = c
+        .http()
+        .request(method.clone(), format!("{}{path}", c.url(leader)));
+    if let Some(body) = body {
+        req = req.json(&body);
+    }
+    c.send(req, &format!("{method} {path}")).await
+}
+
+async fn expect_status(c: &Cluster, resp: reqwest::Response, what: &str) -> ClusterStatus {
+    c.json_of(resp, 200, what).await
+}
+
+fn voters(s: &ClusterStatus) -> BTreeSet<u64> {
+    s.members.iter().filter(|m| m.voter).map(|m| m.id).collect()
+}
+
+fn learners(s: &ClusterStatus) -> BTreeSet<u64> {
+    s.members
+        .iter()
+        .filter(|m| !m.voter)
+        .map(|m| m.id)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grow_to_five_shrink_to_three_and_lose_a_voter_under_load() {
+    let c = Cluster::start_with_spares(3, 2).await;
+    let topic = "members";
+    let client = c.client();
+    if let Err(e) = client.create_topic(topic, &TopicConfig::default()).await {
+        c.fail(&format!("creating {topic}: {e}"));
+    }
+    let load = Load::start(&client, topic, 3, 100_000);
+    wait_acks(&c, &load, 100, Duration::from_secs(30)).await;
+
+    // Grow: two new nodes join as learners, catch up, then become voters.
+    for id in [4, 5] {
+        c.restart(id).await;
+        let resp = change(
+            &c,
+            reqwest::Method::POST,
+            "/v1/cluster/nodes",
+            Some(json!({"id": id, "url": c.url(id)})),
+        )
+        .await;
+        let s = expect_status(&c, resp, &format!("add node {id}")).await;
+        assert!(learners(&s).contains(&id), "node {id} is a learner: {s:?}");
+    }
+    let at = load.acked();
+    wait_acks(&c, &load, at + 100, Duration::from_secs(30)).await;
+    let resp = change(
+        &c,
+        reqwest::Method::POST,
+        "/v1/cluster/voters",
+        Some(json!({"ids": [1, 2, 3, 4, 5]})),
+    )
+    .await;
+    let s = expect_status(&c, resp, "five voters").await;
+    assert_eq!(voters(&s), BTreeSet::from([1, 2, 3, 4, 5]));
+    let at = load.acked();
+    wait_acks(&c, &load, at + 100, Duration::from_secs(30)).await;
+
+    // Leadership moves to a new voter on request.
+    let resp = change(
+        &c,
+        reqwest::Method::POST,
+        "/v1/cluster/transfer-leader",
+        Some(json!({"to": 4})),
+    )
+    .await;
+    let moved: TransferLeaderResponse = c.json_of(resp, 200, "transfer to 4").await;
+    assert_eq!(moved.leader_id, 4);
+    assert_eq!(leader(&c).await, 4);
+    let at = load.acked();
+    wait_acks(&c, &load, at + 100, Duration::from_secs(30)).await;
+
+    // Shrink: two of the first voters leave, then are removed and stopped.
+    let resp = change(
+        &c,
+        reqwest::Method::POST,
+        "/v1/cluster/voters",
+        Some(json!({"ids": [1, 4, 5]})),
+    )
+    .await;
+    let s = expect_status(&c, resp, "three voters").await;
+    assert_eq!(voters(&s), BTreeSet::from([1, 4, 5]));
+    assert_eq!(
+        learners(&s),
+        BTreeSet::from([2, 3]),
+        "leavers stay learners"
+    );
+    for id in [2, 3] {
+        let resp = change(
+            &c,
+            reqwest::Method::DELETE,
+            &format!("/v1/cluster/nodes/{id}"),
+            None,
+        )
+        .await;
+        let s = expect_status(&c, resp, &format!("remove node {id}")).await;
+        assert!(s.members.iter().all(|m| m.id != id), "{s:?}");
+        c.kill(id);
+    }
+    let at = load.acked();
+    wait_acks(&c, &load, at + 100, Duration::from_secs(30)).await;
+
+    // A removed id is never reused.
+    let resp = change(
+        &c,
+        reqwest::Method::POST,
+        "/v1/cluster/nodes",
+        Some(json!({"id": 2, "url": c.url(2)})),
+    )
+    .await;
+    let (problem, _) = c
+        .expect_problem(resp, 400, "invalid_argument", "re-adding node 2")
+        .await;
+    assert!(problem.detail.contains("never reused"), "{problem:?}");
+    // Bad requests change nothing.
+    for (path, body) in [
+        ("/v1/cluster/voters", json!({"ids": []})),
+        ("/v1/cluster/voters", json!({"ids": [1, 9]})),
+        ("/v1/cluster/nodes", json!({"id": 7, "url": "ftp://x"})),
+        (
+            "/v1/cluster/nodes",
+            json!({"id": 0, "url": "http://127.0.0.1:1"}),
+        ),
+    ] {
+        let resp = change(&c, reqwest::Method::POST, path, Some(body.clone())).await;
+        c.expect_problem(resp, 400, "invalid_argument", &format!("{path} {body}"))
+            .await;
+    }
+
+    // Lose a voter (the leader): the other two elect and keep taking writes.
+    let old = c.leader_id().await;
+    c.kill(old);
+    let new = c.wait_leader(Duration::from_secs(20)).await;
+    assert_ne!(new, old);
+    let at = load.acked();
+    wait_acks(&c, &load, at + 100, Duration::from_secs(30)).await;
+    c.restart(old).await;
+
+    load.stop();
+    let histories = load.finish(&c, Duration::from_secs(60)).await;
+    let log = c.consistent_log(topic).await;
+    let summary = c.check_history(&log, &histories, &[]);
+    eprintln!("membership changes under load: {summary}");
+}
