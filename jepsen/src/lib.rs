@@ -5,9 +5,11 @@
 //!   (ok / fail / info), process, node and time; JSON lines on disk.
 //! - [`checker`]: judges a history: the queue checker (Jepsen's total-queue plus the leased
 //!   queue's own properties) and the stream checker (Jepsen's Kafka queue workload).
-//! - [`hosts`]: a three-node raftq cluster as separate hosts with their own addresses
-//!   (Linux network namespaces with veth pairs), behind the [`hosts::Hosts`] trait.
-//! - [`nemesis`]: faults applied to the hosts: kills, pauses, partitions.
+//! - [`hosts`]: a three-node raftq cluster as separate hosts with their own addresses (Linux
+//!   network namespaces with veth pairs, or containers on a private Docker network), behind
+//!   the [`hosts::Hosts`] trait.
+//! - [`nemesis`]: faults applied to the hosts: kills, pauses, partitions, packet delay, loss
+//!   and reordering.
 //! - [`workload`]: clients that drive the cluster and record the history.
 //! - [`plot`]: a picture of a run (SVG): throughput and latency over time, faults shaded.
 

@@ -3,11 +3,13 @@
 //! ```text
 //! raftq-jepsen run --scenario kill-leader --workload queue --duration 20s --out DIR
 //! raftq-jepsen matrix --duration 30s --out DIR [--scenarios kill-leader,partition-ring]
+//! raftq-jepsen matrix --hosts docker --scenarios kill-leader,netem-delay
 //! raftq-jepsen check --history DIR/history.jsonl --workload queue
 //! ```
 //!
-//! A run: create the hosts (network namespaces, needs root), start three nodes, wait for a
-//! leader, create the workload's topic, then run the workload and the nemesis together for the
+//! A run: create the hosts (`--hosts netns`, the default: network namespaces; `--hosts
+//! docker`: containers on a private Docker network; both need root), start three nodes, wait
+//! for a leader, create the workload's topic, then run the workload and the nemesis together for the
 //! duration. Then heal every fault, resume and start every node, wait for a leader that all
 //! nodes agree on, drain (queue) and read the whole topic through each node. The history goes
 //! to `history.jsonl`, the checkers' reports to `results.json`, a picture of throughput and
@@ -27,6 +29,7 @@ use serde::Serialize;
 
 use raftq_jepsen::checker::{check_queue, check_stream, QueueOptions, Verdict};
 use raftq_jepsen::history::{read_jsonl, Event, History};
+use raftq_jepsen::hosts::docker::{DockerConfig, DockerHosts};
 use raftq_jepsen::hosts::netns::{NetnsConfig, NetnsHosts};
 use raftq_jepsen::hosts::Hosts;
 use raftq_jepsen::nemesis::{self, Scenario};
@@ -86,8 +89,39 @@ struct MatrixArgs {
     common: Common,
 }
 
+/// Which kind of hosts the nodes run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+enum HostsKind {
+    /// Linux network namespaces joined by a bridge; the nodes are child processes.
+    Netns,
+    /// Containers on a private Docker network, from an image built out of the server binary.
+    Docker,
+}
+
+impl HostsKind {
+    fn name(self) -> &'static str {
+        match self {
+            HostsKind::Netns => "netns",
+            HostsKind::Docker => "docker",
+        }
+    }
+
+    /// The default subnet: different for each kind, so that leftovers of one never collide
+    /// with the other.
+    fn default_subnet(self) -> &'static str {
+        match self {
+            HostsKind::Netns => "10.231.0",
+            HostsKind::Docker => "10.232.0",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Args)]
 struct Common {
+    /// Where the nodes run: network namespaces, or Docker containers.
+    #[arg(long, value_enum, default_value = "netns")]
+    hosts: HostsKind,
     /// What the clients do.
     #[arg(long, value_enum, default_value = "queue")]
     workload: Workload,
@@ -116,9 +150,10 @@ struct Common {
     /// How long each fault holds (default: the scenario's).
     #[arg(long, value_parser = parse_duration)]
     hold: Option<Duration>,
-    /// First three octets of the private /24 the hosts use.
-    #[arg(long, default_value = "10.231.0")]
-    subnet: String,
+    /// First three octets of the private /24 the hosts use (default: 10.231.0 for netns,
+    /// 10.232.0 for docker).
+    #[arg(long)]
+    subnet: Option<String>,
     /// Keep the nodes' data directories of valid runs too (invalid runs always keep them).
     #[arg(long)]
     keep_data: bool,
@@ -229,6 +264,7 @@ fn timestamp() -> String {
 struct RunResults {
     scenario: String,
     workload: Workload,
+    hosts: HostsKind,
     fault: String,
     duration_ms: u64,
     wall_ms: u64,
@@ -311,25 +347,57 @@ async fn run_scenario(
     out: &Path,
     seed: u64,
 ) -> anyhow::Result<(Verdict, Vec<String>)> {
-    raftq_jepsen::hosts::netns::preflight()?;
+    match common.hosts {
+        HostsKind::Netns => raftq_jepsen::hosts::netns::preflight()?,
+        HostsKind::Docker => raftq_jepsen::hosts::docker::preflight()?,
+    }
     let bin = resolve_bin(common.raftq_bin.as_deref())?;
-    let subnet = parse_subnet(&common.subnet)?;
+    let subnet = parse_subnet(
+        common
+            .subnet
+            .as_deref()
+            .unwrap_or(common.hosts.default_subnet()),
+    )?;
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
     let out = out
         .canonicalize()
         .with_context(|| format!("cannot resolve {}", out.display()))?;
-    let mut cfg = NetnsConfig::new(bin.clone(), out.clone());
-    cfg.subnet = subnet;
     eprintln!(
-        "==> {scenario} / {} for {:?} (seed {seed}) into {}",
+        "==> {scenario} / {} on {} hosts for {:?} (seed {seed}) into {}",
         common.workload.name(),
+        common.hosts.name(),
         common.duration,
         out.display()
     );
-    let hosts = NetnsHosts::create(cfg)?;
+    match common.hosts {
+        HostsKind::Netns => {
+            let mut cfg = NetnsConfig::new(bin.clone(), out.clone());
+            cfg.subnet = subnet;
+            let hosts = NetnsHosts::create(cfg)?;
+            supervise(&hosts, common, scenario, &out, seed, &bin).await
+        }
+        HostsKind::Docker => {
+            let mut cfg = DockerConfig::new(bin.clone(), out.clone());
+            cfg.subnet = subnet;
+            let hosts = tokio::task::spawn_blocking(move || DockerHosts::create(cfg)).await??;
+            supervise(&hosts, common, scenario, &out, seed, &bin).await
+        }
+    }
+}
+
+/// Runs the scenario on `hosts` within the time limit, stops on Ctrl-C or SIGTERM, shows the
+/// nodes' logs when the harness fails, and tears the hosts down in every case.
+async fn supervise<H: Hosts>(
+    hosts: &H,
+    common: &Common,
+    scenario: Scenario,
+    out: &Path,
+    seed: u64,
+    bin: &Path,
+) -> anyhow::Result<(Verdict, Vec<String>)> {
     let limit = common.duration + OVERHEAD_LIMIT;
     let result = tokio::select! {
-        r = tokio::time::timeout(limit, scenario_body(&hosts, common, scenario, &out, seed, &bin)) => {
+        r = tokio::time::timeout(limit, scenario_body(hosts, common, scenario, out, seed, bin)) => {
             match r {
                 Ok(r) => r,
                 Err(_) => Err(anyhow::anyhow!("the run took longer than {limit:?}; stopped")),
@@ -354,8 +422,8 @@ async fn run_scenario(
     result
 }
 
-async fn scenario_body(
-    hosts: &NetnsHosts,
+async fn scenario_body<H: Hosts>(
+    hosts: &H,
     common: &Common,
     scenario: Scenario,
     out: &Path,
@@ -484,6 +552,7 @@ async fn scenario_body(
     let results = RunResults {
         scenario: scenario.name().to_string(),
         workload: common.workload,
+        hosts: common.hosts,
         fault: scenario.fault().to_string(),
         duration_ms: common.duration.as_millis() as u64,
         wall_ms: wall.elapsed().as_millis() as u64,
@@ -635,7 +704,10 @@ async fn run_all(common: &Common, scenarios: &[Scenario], out: &Path, single: bo
                 notes,
             },
             Err(err) if err.is::<Interrupted>() => {
-                eprintln!("interrupted; every namespace, rule and node this run made is removed");
+                eprintln!(
+                    "interrupted; everything this run made (nodes, namespaces or containers, \
+                     rules) is removed"
+                );
                 return ExitCode::from(130);
             }
             Err(err) => Row {

@@ -9,12 +9,24 @@
 //! |---|---|---|
 //! | `kill-leader` | SIGKILL the current leader (a random node when none is known) | restart after the hold |
 //! | `kill-all` | SIGKILL every node at once | restart all after the hold |
-//! | `pause-leader` | SIGSTOP the leader for longer than the election timeout (1.2 s) | SIGCONT |
+//! | `pause-leader` | freeze the leader (SIGSTOP; `docker pause`) for longer than the election timeout (1.2 s) | thaw |
 //! | `partition-leader` | the leader alone, the others together | heal |
+//! | `partition-one` | one follower alone (a random node when no leader is known), the others together | heal |
 //! | `partition-halves` | a random minority against the majority | heal |
 //! | `partition-ring` | majorities ring: every node sees a majority, no two the same | heal |
 //! | `partition-bridge` | two halves joined by one node that sees both | heal |
+//! | `netem-delay` | every node's packets delayed 20 ms ± 10 ms | heal |
+//! | `netem-loss` | 10 % of every node's packets dropped | heal |
+//! | `netem-reorder` | every node's packets delayed 20 ms ± 5 ms, a quarter of them sent at once, ahead of the others | heal |
 //!
+//! The netem faults impair everything a node sends, to the other nodes and to the clients
+//! (see [`crate::hosts::Hosts::impair`]). They are sized so that the cluster keeps making
+//! progress, more slowly: they test timeouts, retries and the classification of slow answers,
+//! not loss of quorum. The bound is the Raft replication timeout, which is the heartbeat
+//! interval (100 ms): a round trip between two nodes (twice the one-way delay) plus a
+//! follower's fsync must fit in it, or replication stalls until the impairment ends (with
+//! 50 ms ± 25 ms each way it does, completely).
+
 //! # The majorities ring with three nodes
 //! Links are cut in both directions (TCP needs both), so a "view" is a set of symmetric links.
 //! With n ≥ 4 nodes in a random ring order, each node keeps links to its ⌈⌊n/2⌋/2⌉ nearest
@@ -34,7 +46,7 @@ use rand::SeedableRng as _;
 use serde::Serialize;
 
 use crate::history::{History, Op, OpResult, Phase, Process};
-use crate::hosts::Hosts;
+use crate::hosts::{Hosts, Netem};
 use crate::workload::http::Http;
 
 /// Timeout of one `GET /v1/cluster` when looking for the leader.
@@ -49,22 +61,30 @@ pub enum Scenario {
     KillAll,
     PauseLeader,
     PartitionLeader,
+    PartitionOne,
     PartitionHalves,
     PartitionRing,
     PartitionBridge,
+    NetemDelay,
+    NetemLoss,
+    NetemReorder,
 }
 
 impl Scenario {
     /// Every scenario, in the matrix's order.
-    pub const ALL: [Scenario; 8] = [
+    pub const ALL: [Scenario; 12] = [
         Scenario::None,
         Scenario::KillLeader,
         Scenario::KillAll,
         Scenario::PauseLeader,
         Scenario::PartitionLeader,
+        Scenario::PartitionOne,
         Scenario::PartitionHalves,
         Scenario::PartitionRing,
         Scenario::PartitionBridge,
+        Scenario::NetemDelay,
+        Scenario::NetemLoss,
+        Scenario::NetemReorder,
     ];
 
     /// The name on the command line.
@@ -75,9 +95,13 @@ impl Scenario {
             Scenario::KillAll => "kill-all",
             Scenario::PauseLeader => "pause-leader",
             Scenario::PartitionLeader => "partition-leader",
+            Scenario::PartitionOne => "partition-one",
             Scenario::PartitionHalves => "partition-halves",
             Scenario::PartitionRing => "partition-ring",
             Scenario::PartitionBridge => "partition-bridge",
+            Scenario::NetemDelay => "netem-delay",
+            Scenario::NetemLoss => "netem-loss",
+            Scenario::NetemReorder => "netem-reorder",
         }
     }
 
@@ -87,8 +111,32 @@ impl Scenario {
             Scenario::None => "-",
             Scenario::KillLeader | Scenario::KillAll => "kill -9",
             Scenario::PauseLeader => "SIGSTOP",
+            Scenario::NetemDelay | Scenario::NetemLoss | Scenario::NetemReorder => "netem",
             _ => "partition",
         }
+    }
+
+    /// The impairment of a netem scenario.
+    pub fn netem(self) -> Option<Netem> {
+        let netem = match self {
+            Scenario::NetemDelay => Netem {
+                delay_ms: 20,
+                jitter_ms: 10,
+                ..Netem::default()
+            },
+            Scenario::NetemLoss => Netem {
+                loss_pct: 10,
+                ..Netem::default()
+            },
+            Scenario::NetemReorder => Netem {
+                delay_ms: 20,
+                jitter_ms: 5,
+                reorder_pct: 25,
+                ..Netem::default()
+            },
+            _ => return None,
+        };
+        Some(netem)
     }
 
     /// Default timing: the quiet time before each fault and how long a fault holds.
@@ -134,6 +182,8 @@ pub enum Fault {
     Pause { nodes: Vec<u64> },
     /// Nodes talk only within their groups; undone by healing.
     Partition { groups: Vec<Vec<u64>> },
+    /// What these nodes send is impaired; undone by healing.
+    Netem { nodes: Vec<u64>, netem: Netem },
 }
 
 impl Fault {
@@ -143,6 +193,7 @@ impl Fault {
             Fault::Kill { nodes } => format!("kill {nodes:?}"),
             Fault::Pause { nodes } => format!("pause {nodes:?}"),
             Fault::Partition { groups } => format!("partition {groups:?}"),
+            Fault::Netem { nodes, netem } => format!("netem {nodes:?} {netem}"),
         }
     }
 }
@@ -194,7 +245,7 @@ pub async fn await_agreed_leader(http: &Http, ids: &[u64], timeout: Duration) ->
     }
 }
 
-/// The leader alone; everyone else together.
+/// `node` alone; everyone else together.
 pub fn isolate(ids: &[u64], node: u64) -> Vec<Vec<u64>> {
     let rest: Vec<u64> = ids.iter().copied().filter(|id| *id != node).collect();
     vec![vec![node], rest]
@@ -288,6 +339,17 @@ pub fn choose(
         Scenario::PartitionLeader => Fault::Partition {
             groups: isolate(ids, target),
         },
+        Scenario::PartitionOne => {
+            // A follower: any node but the leader (a random one when no leader is known).
+            let follower = shuffled
+                .iter()
+                .copied()
+                .find(|id| Some(*id) != leader)
+                .unwrap_or(target);
+            Fault::Partition {
+                groups: isolate(ids, follower),
+            }
+        }
         Scenario::PartitionHalves => Fault::Partition {
             groups: halves(&shuffled),
         },
@@ -300,6 +362,10 @@ pub fn choose(
         },
         Scenario::PartitionBridge => Fault::Partition {
             groups: bridge(&shuffled),
+        },
+        Scenario::NetemDelay | Scenario::NetemLoss | Scenario::NetemReorder => Fault::Netem {
+            nodes: ids.to_vec(),
+            netem: scenario.netem()?,
         },
     })
 }
@@ -320,6 +386,7 @@ pub async fn apply<H: Hosts>(hosts: &H, fault: &Fault) -> anyhow::Result<()> {
             }
         }
         Fault::Partition { groups } => hosts.partition(groups).await?,
+        Fault::Netem { nodes, netem } => hosts.impair(nodes, netem).await?,
     }
     Ok(())
 }
@@ -337,7 +404,7 @@ pub async fn undo<H: Hosts>(hosts: &H, fault: &Fault) -> anyhow::Result<()> {
                 hosts.resume(*id).await?;
             }
         }
-        Fault::Partition { .. } => hosts.heal().await?,
+        Fault::Partition { .. } | Fault::Netem { .. } => hosts.heal().await?,
     }
     Ok(())
 }
@@ -356,11 +423,13 @@ pub struct Applied {
     pub error: Option<String>,
 }
 
-/// The nodes a fault touches: killed or paused ones; for a partition, every node that lost a
-/// link.
+/// The nodes a fault touches: killed, paused or impaired ones; for a partition, every node
+/// that lost a link.
 pub fn targets(fault: &Fault, ids: &[u64]) -> Vec<u64> {
     match fault {
-        Fault::Kill { nodes } | Fault::Pause { nodes } => nodes.clone(),
+        Fault::Kill { nodes } | Fault::Pause { nodes } | Fault::Netem { nodes, .. } => {
+            nodes.clone()
+        }
         Fault::Partition { groups } => ids
             .iter()
             .copied()
@@ -546,5 +615,69 @@ mod tests {
             choose(Scenario::KillLeader, &ids, None, &mut rng),
             Some(Fault::Kill { nodes }) if nodes.len() == 1
         ));
+    }
+
+    #[test]
+    fn partition_one_isolates_a_follower_never_the_leader() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        let ids = [1, 2, 3];
+        let mut isolated = std::collections::BTreeSet::new();
+        for _ in 0..50 {
+            let Some(Fault::Partition { groups }) =
+                choose(Scenario::PartitionOne, &ids, Some(2), &mut rng)
+            else {
+                panic!("partition-one is a partition");
+            };
+            assert_eq!(groups.len(), 2, "{groups:?}");
+            assert_eq!(groups[0].len(), 1, "one node alone: {groups:?}");
+            assert_ne!(groups[0], vec![2], "the leader was isolated");
+            assert!(groups[1].contains(&2), "the leader keeps its majority");
+            isolated.insert(groups[0][0]);
+        }
+        // Both followers get their turn.
+        assert_eq!(isolated.into_iter().collect::<Vec<_>>(), vec![1, 3]);
+        // No leader known: still one node alone.
+        let Some(Fault::Partition { groups }) =
+            choose(Scenario::PartitionOne, &ids, None, &mut rng)
+        else {
+            panic!("partition-one is a partition");
+        };
+        assert_eq!(groups[0].len(), 1);
+        assert_eq!(Scenario::PartitionOne.fault(), "partition");
+    }
+
+    #[test]
+    fn netem_scenarios_impair_every_node() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        let ids = [1, 2, 3];
+        for scenario in [
+            Scenario::NetemDelay,
+            Scenario::NetemLoss,
+            Scenario::NetemReorder,
+        ] {
+            let netem = scenario
+                .netem()
+                .expect("a netem scenario has an impairment");
+            assert!(netem.validate().is_ok(), "{scenario}: {netem}");
+            assert_eq!(scenario.fault(), "netem");
+            let fault = choose(scenario, &ids, Some(1), &mut rng);
+            assert_eq!(
+                fault,
+                Some(Fault::Netem {
+                    nodes: vec![1, 2, 3],
+                    netem
+                })
+            );
+            let fault = fault.unwrap_or(Fault::Kill { nodes: vec![] });
+            assert_eq!(targets(&fault, &ids), vec![1, 2, 3]);
+            assert!(fault.describe().starts_with("netem [1, 2, 3] "));
+        }
+        assert_eq!(Scenario::NetemLoss.netem().map(|n| n.loss_pct), Some(10));
+        assert_eq!(Scenario::KillLeader.netem(), None);
+        // Every scenario is in the matrix once, under its own name.
+        let names: std::collections::BTreeSet<&str> =
+            Scenario::ALL.iter().map(|s| s.name()).collect();
+        assert_eq!(names.len(), Scenario::ALL.len());
+        assert!(names.contains("partition-one") && names.contains("netem-reorder"));
     }
 }

@@ -28,6 +28,11 @@
 //!
 //! Cursor moves with `allow_backward` that end `info` (or never) switch the cursor check off
 //! for that subscription from their invoke on: they may take effect at any later time.
+//!
+//! Where the cursors come from: the cursor of an `ok` [`Op::SetCursor`] answer (the stream
+//! workload probes after every read with a forward-only move to where the read started, whose
+//! answer is the committed cursor) and a [`OpResult::Read`]'s `cursor` when a reader recorded
+//! one.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 

@@ -19,19 +19,20 @@
 //!
 //! # Faults
 //! - `kill`: SIGKILL and reap; `pause`/`resume`: SIGSTOP/SIGCONT.
-//! - `partition(groups)`: inside each node's namespace, iptables DROP rules on INPUT (source)
-//!   and OUTPUT (destination) for the address of every *other node* that shares no group with
-//!   it. Only node-to-node links are cut: the harness at `.254` still reaches every node. That
-//!   models clients that sit on every side of the partition (each client talks to the nodes of
-//!   its side; a client can still talk to a minority node, which must then refuse writes or
-//!   serve only committed reads). `heal` flushes INPUT and OUTPUT in every namespace (the
-//!   namespaces are the harness's own; no other rules live there).
+//! - `partition(groups)` and `impair(ids, netem)`: inside the namespaces, as [`super::net`]
+//!   describes (iptables rules, a netem qdisc or the userspace queue). Only node-to-node links
+//!   are cut: the harness at `.254` still reaches every node. That models clients that sit on
+//!   every side of the partition (each client talks to the nodes of its side; a client can
+//!   still talk to a minority node, which must then refuse writes or serve only committed
+//!   reads). `heal` removes every network fault (the namespaces are the harness's own; no
+//!   other rules live there).
 //!
 //! # Cleanup
 //! Setup first removes whatever an earlier run with the same names left behind (processes in
 //! the namespaces, the namespaces, the bridge, veths, the FORWARD rule), so it is idempotent.
-//! [`NetnsHosts::teardown`] (also run on drop) SIGKILLs every node and removes everything again.
-//! Needs root, `ip` (iproute2) and `iptables`.
+//! [`Hosts::teardown`] (also run on drop) SIGKILLs every node and removes everything again.
+//! Needs root, `ip` (iproute2) and `iptables`; impairments use `tc` (iproute2) when the kernel
+//! has netem.
 
 use std::collections::BTreeMap;
 use std::fs::OpenOptions;
@@ -41,15 +42,17 @@ use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
 
-use super::{connected, Hosts};
+use super::net::{
+    have, insert_forward_rule, lock, remove_forward_rules, require_root, run, run_quiet, NetFaults,
+    NetNs, NodeNet,
+};
+use super::{Hosts, Netem};
 
-/// The comment that tags the harness's rule in the root namespace's FORWARD chain.
-const FORWARD_COMMENT: &str = "raftq-jepsen";
 /// Address of the bridge (the harness's side) in the subnet.
 const BRIDGE_HOST: u8 = 254;
 /// How long a graceful stop waits before SIGKILL.
@@ -178,63 +181,18 @@ struct Node {
 pub struct NetnsHosts {
     cfg: Arc<NetnsConfig>,
     nodes: Mutex<BTreeMap<u64, Node>>,
+    faults: Arc<NetFaults>,
     torn_down: AtomicBool,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// Runs a command to completion; an error names the command and carries its stderr.
-fn run(program: &str, args: &[&str]) -> anyhow::Result<String> {
-    let out = Command::new(program)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .with_context(|| format!("cannot run {program}"))?;
-    if !out.status.success() {
-        bail!(
-            "`{program} {}` failed ({}): {}",
-            args.join(" "),
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-/// Runs a command whose failure does not matter (cleanup of things that may not exist).
-fn run_quiet(program: &str, args: &[&str]) -> bool {
-    Command::new(program)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false)
-}
-
-fn have(program: &str) -> bool {
-    Command::new(program)
-        .arg("-V")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok()
 }
 
 /// Checks what the namespaces need: root, `ip` and `iptables`.
 pub fn preflight() -> anyhow::Result<()> {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        bail!(
-            "the network-namespace hosts need root (they create namespaces, a bridge, veth \
-             pairs and iptables rules); run as root or through sudo"
-        );
-    }
+    require_root(
+        "the network-namespace hosts (they create namespaces, a bridge, veth pairs and \
+         iptables rules)",
+    )?;
     for program in ["ip", "iptables"] {
-        if !have(program) {
+        if !have(program, "-V") {
             bail!(
                 "`{program}` not found; install iproute2 and iptables \
                  (apt-get install iproute2 iptables), or run scripts/chaos.sh, which does"
@@ -242,26 +200,6 @@ pub fn preflight() -> anyhow::Result<()> {
         }
     }
     Ok(())
-}
-
-fn forward_rule(cfg: &NetnsConfig) -> Vec<String> {
-    let bridge = cfg.bridge();
-    [
-        "FORWARD",
-        "-i",
-        &bridge,
-        "-o",
-        &bridge,
-        "-m",
-        "comment",
-        "--comment",
-        FORWARD_COMMENT,
-        "-j",
-        "ACCEPT",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect()
 }
 
 /// Removes everything a run with this configuration creates, whether or not it exists:
@@ -301,15 +239,7 @@ fn remove_network(cfg: &NetnsConfig) {
     if Path::new(&format!("/sys/class/net/{bridge}")).exists() {
         run_quiet("ip", &["link", "del", &bridge]);
     }
-    let mut delete = vec!["-D".to_string()];
-    delete.extend(forward_rule(cfg));
-    let delete: Vec<&str> = delete.iter().map(String::as_str).collect();
-    // Every copy of the rule (a crashed run may have left one, and this run added one).
-    for _ in 0..10 {
-        if !run_quiet("iptables", &delete) {
-            break;
-        }
-    }
+    remove_forward_rules(&bridge);
 }
 
 /// SIGKILLs every process inside namespace `ns`.
@@ -341,12 +271,7 @@ fn create_network(cfg: &NetnsConfig) -> anyhow::Result<()> {
         ],
     )?;
     run("ip", &["link", "set", &bridge, "up"])?;
-    let mut insert = vec!["-I".to_string()];
-    let mut rule = forward_rule(cfg);
-    rule.insert(1, "1".to_string());
-    insert.extend(rule);
-    let insert: Vec<&str> = insert.iter().map(String::as_str).collect();
-    run("iptables", &insert).context("cannot let traffic through the bridge")?;
+    insert_forward_rule(&bridge)?;
     for id in 1..=cfg.nodes {
         let ns = cfg.netns(id);
         let (veth, peer) = (cfg.veth_root(id), cfg.veth_peer(id));
@@ -374,37 +299,9 @@ fn create_network(cfg: &NetnsConfig) -> anyhow::Result<()> {
         run("ip", &["link", "set", &veth, "master", &bridge])?;
         run("ip", &["link", "set", &veth, "up"])?;
         // iptables must work inside the namespace, or partitions cannot.
-        run("ip", &["netns", "exec", &ns, "iptables", "-S", "INPUT"])
+        NetNs::Named(ns.clone())
+            .run("iptables", &["-S", "INPUT"])
             .with_context(|| format!("iptables does not work inside namespace {ns}"))?;
-    }
-    Ok(())
-}
-
-/// The iptables commands (arguments after `ip netns exec <ns> iptables`) that make node `id`
-/// drop traffic to and from every other node it shares no group with.
-fn partition_rules(cfg: &NetnsConfig, groups: &[Vec<u64>], id: u64) -> Vec<Vec<String>> {
-    let mut rules = Vec::new();
-    for other in 1..=cfg.nodes {
-        if connected(groups, id, other) {
-            continue;
-        }
-        let addr = cfg.node_addr(other).to_string();
-        for (chain, flag) in [("INPUT", "-s"), ("OUTPUT", "-d")] {
-            rules.push(
-                ["-A", chain, flag, &addr, "-j", "DROP"]
-                    .iter()
-                    .map(|s| s.to_string())
-                    .collect(),
-            );
-        }
-    }
-    rules
-}
-
-fn flush_rules(cfg: &NetnsConfig, id: u64) -> anyhow::Result<()> {
-    let ns = cfg.netns(id);
-    for chain in ["INPUT", "OUTPUT"] {
-        run("ip", &["netns", "exec", &ns, "iptables", "-F", chain])?;
     }
     Ok(())
 }
@@ -446,6 +343,7 @@ impl NetnsHosts {
         let hosts = NetnsHosts {
             nodes: Mutex::new((1..=cfg.nodes).map(|id| (id, Node::default())).collect()),
             cfg: Arc::new(cfg),
+            faults: Arc::new(NetFaults::default()),
             torn_down: AtomicBool::new(false),
         };
         // On failure, `hosts` drops here and removes what was made so far.
@@ -458,46 +356,15 @@ impl NetnsHosts {
         &self.cfg
     }
 
-    /// Stops node `id` gracefully: SIGTERM (after SIGCONT, in case it is paused), then SIGKILL
-    /// when it has not exited within 20 s. Returns its exit status as text.
-    pub async fn stop(&self, id: u64) -> anyhow::Result<String> {
-        let Some(mut child) = lock(&self.nodes).get_mut(&id).and_then(|n| n.child.take()) else {
-            return Ok("not running".to_string());
-        };
-        tokio::task::spawn_blocking(move || {
-            let _ = signal(&child, libc::SIGCONT);
-            let _ = signal(&child, libc::SIGTERM);
-            let deadline = Instant::now() + STOP_TIMEOUT;
-            loop {
-                if let Some(status) = child.try_wait()? {
-                    return Ok(status.to_string());
-                }
-                if Instant::now() >= deadline {
-                    let _ = child.kill();
-                    let status = child.wait()?;
-                    return Ok(format!("killed after {STOP_TIMEOUT:?}: {status}"));
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        })
-        .await?
-    }
-
-    /// SIGKILLs every node and removes the namespaces, the bridge and the FORWARD rule.
-    /// Idempotent; also runs on drop.
-    pub fn teardown(&self) {
-        if self.torn_down.swap(true, Ordering::SeqCst) {
-            return;
-        }
-        let children: Vec<Child> = lock(&self.nodes)
-            .values_mut()
-            .filter_map(|n| n.child.take())
-            .collect();
-        for mut child in children {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        remove_network(&self.cfg);
+    /// Every node's address and namespace, for the network faults.
+    fn net_nodes(cfg: &NetnsConfig) -> Vec<NodeNet> {
+        (1..=cfg.nodes)
+            .map(|id| NodeNet {
+                id,
+                addr: cfg.node_addr(id),
+                ns: Some(NetNs::Named(cfg.netns(id))),
+            })
+            .collect()
     }
 
     fn spawn(&self, id: u64) -> anyhow::Result<()> {
@@ -586,9 +453,10 @@ impl Hosts for NetnsHosts {
         };
         let ns = self.cfg.netns(id);
         tokio::task::spawn_blocking(move || {
-            let _ = child.kill(); // SIGKILL; fails only when it exited already
-                                  // Anything else left in the node's namespace dies too (should `ip netns exec`
-                                  // ever fork instead of exec, the server would be its child).
+            // SIGKILL; fails only when it exited already.
+            let _ = child.kill();
+            // Anything else left in the node's namespace dies too (should `ip netns exec` ever
+            // fork instead of exec, the server would be its child).
             kill_namespace_processes(&ns);
             child.wait().context("cannot reap the killed node")?;
             Ok(())
@@ -611,32 +479,64 @@ impl Hosts for NetnsHosts {
     }
 
     async fn partition(&self, groups: &[Vec<u64>]) -> anyhow::Result<()> {
-        let cfg = Arc::clone(&self.cfg);
+        let (cfg, faults) = (Arc::clone(&self.cfg), Arc::clone(&self.faults));
         let groups = groups.to_vec();
+        tokio::task::spawn_blocking(move || faults.partition(&Self::net_nodes(&cfg), &groups))
+            .await?
+    }
+
+    async fn impair(&self, ids: &[u64], netem: &Netem) -> anyhow::Result<()> {
+        let (cfg, faults) = (Arc::clone(&self.cfg), Arc::clone(&self.faults));
+        let (ids, netem) = (ids.to_vec(), *netem);
+        tokio::task::spawn_blocking(move || faults.impair(&Self::net_nodes(&cfg), &ids, &netem))
+            .await?
+    }
+
+    async fn heal(&self) -> anyhow::Result<()> {
+        let (cfg, faults) = (Arc::clone(&self.cfg), Arc::clone(&self.faults));
+        tokio::task::spawn_blocking(move || faults.heal(&Self::net_nodes(&cfg))).await?
+    }
+
+    /// SIGTERM (after SIGCONT, in case it is paused), then SIGKILL when it has not exited
+    /// within 20 s.
+    async fn stop(&self, id: u64) -> anyhow::Result<String> {
+        let Some(mut child) = lock(&self.nodes).get_mut(&id).and_then(|n| n.child.take()) else {
+            return Ok("not running".to_string());
+        };
         tokio::task::spawn_blocking(move || {
-            for id in 1..=cfg.nodes {
-                flush_rules(&cfg, id)?;
-                let ns = cfg.netns(id);
-                for rule in partition_rules(&cfg, &groups, id) {
-                    let mut args = vec!["netns", "exec", &ns, "iptables"];
-                    args.extend(rule.iter().map(String::as_str));
-                    run("ip", &args)?;
+            let _ = signal(&child, libc::SIGCONT);
+            let _ = signal(&child, libc::SIGTERM);
+            let deadline = Instant::now() + STOP_TIMEOUT;
+            loop {
+                if let Some(status) = child.try_wait()? {
+                    return Ok(status.to_string());
                 }
+                if Instant::now() >= deadline {
+                    let _ = child.kill();
+                    let status = child.wait()?;
+                    return Ok(format!("killed after {STOP_TIMEOUT:?}: {status}"));
+                }
+                std::thread::sleep(Duration::from_millis(50));
             }
-            Ok(())
         })
         .await?
     }
 
-    async fn heal(&self) -> anyhow::Result<()> {
-        let cfg = Arc::clone(&self.cfg);
-        tokio::task::spawn_blocking(move || {
-            for id in 1..=cfg.nodes {
-                flush_rules(&cfg, id)?;
-            }
-            Ok(())
-        })
-        .await?
+    /// SIGKILLs every node and removes the namespaces, the bridge and the FORWARD rule.
+    fn teardown(&self) {
+        if self.torn_down.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let children: Vec<Child> = lock(&self.nodes)
+            .values_mut()
+            .filter_map(|n| n.child.take())
+            .collect();
+        for mut child in children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        self.faults.shutdown();
+        remove_network(&self.cfg);
     }
 
     fn log(&self, id: u64) -> String {
@@ -666,24 +566,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn rules_cut_only_links_between_groups() {
-        let cfg = NetnsConfig::new(PathBuf::from("/bin/true"), PathBuf::from("/tmp"));
-        let groups = vec![vec![1], vec![2, 3]];
-        let r1 = partition_rules(&cfg, &groups, 1);
-        assert_eq!(r1.len(), 4);
-        assert!(r1
-            .iter()
-            .any(|r| r.join(" ") == "-A INPUT -s 10.231.0.2 -j DROP"));
-        assert!(r1
-            .iter()
-            .any(|r| r.join(" ") == "-A OUTPUT -d 10.231.0.3 -j DROP"));
-        let r2 = partition_rules(&cfg, &groups, 2);
-        assert_eq!(r2.len(), 2);
-        assert!(r2.iter().all(|r| r.contains(&"10.231.0.1".to_string())));
-        // The bridge address is never dropped.
-        assert!(r1.iter().all(|r| !r.join(" ").contains(".254")));
-        let bridge = vec![vec![1, 2], vec![2, 3]];
-        assert!(partition_rules(&cfg, &bridge, 2).is_empty());
-        assert_eq!(partition_rules(&cfg, &bridge, 3).len(), 2);
+    fn layout_names_and_addresses() {
+        let mut cfg = NetnsConfig::new(PathBuf::from("/bin/true"), PathBuf::from("/tmp/run"));
+        assert!(cfg.validate().is_ok());
+        assert_eq!(cfg.netns(2), "rqj-n2");
+        assert_eq!(cfg.bridge(), "rqj0");
+        assert_eq!(cfg.node_addr(3), Ipv4Addr::new(10, 231, 0, 3));
+        assert_eq!(cfg.bridge_addr(), Ipv4Addr::new(10, 231, 0, 254));
+        assert_eq!(
+            cfg.peers_arg(),
+            "1=http://10.231.0.1:7000,2=http://10.231.0.2:7000,3=http://10.231.0.3:7000"
+        );
+        let nodes = NetnsHosts::net_nodes(&cfg);
+        assert_eq!(nodes.len(), 3);
+        assert_eq!(nodes[0].ns, Some(NetNs::Named("rqj-n1".into())));
+        cfg.prefix = "much-too-long".into();
+        assert!(cfg.validate().is_err());
+        cfg.prefix = "rqj".into();
+        cfg.nodes = 0;
+        assert!(cfg.validate().is_err());
     }
 }

@@ -8,11 +8,20 @@
 //!   "everything before N is done" and moves the cursor forward (a write: a follower answers
 //!   307, followed to the leader). A fresh process (the first, or one after `info`) reads
 //!   without `from`, resuming at the subscription's cursor.
+//! - After every `ok` read the reader records the subscription's cursor as the server holds
+//!   it, for the checker's `cursor_backward`: a `PUT .../cursor` with the offset the read
+//!   started at and `allow_backward: false` (an [`Op::SetCursor`]). That read left the cursor
+//!   exactly there (or higher, when a retired process's move landed late), so the move
+//!   changes nothing and its answer is the cursor. The probe is a write, committed through
+//!   the leader, so what it reports is the replicated state, not one replica's possibly
+//!   lagging view (`GET .../subscriptions/{sub}` is served from the answering node's applied
+//!   state, and a lagging follower would report an older cursor that is no anomaly). A probe
+//!   refused because the cursor is already higher (400) records nothing about the cursor.
 //! - The final phase is the final read through every node (see [`super::final_reads`]).
 
 use std::time::Duration;
 
-use raftq_client::api::ReadResponse;
+use raftq_client::api::{CursorResponse, ReadResponse};
 use reqwest::Method;
 use serde_json::json;
 
@@ -88,13 +97,38 @@ async fn reader(ctx: &Ctx, slot: usize) {
             |r: &ReadResponse| OpResult::read(r, None),
         )
         .await;
-        if let Some(r) = ok {
-            ctx.progress
-                .received
-                .fetch_add(r.records.len() as u64, std::sync::atomic::Ordering::Relaxed);
-            from = Some(r.next_offset);
+        client.after(ctx, &answer);
+        back_off(&answer).await;
+        let Some(r) = ok else { continue };
+        ctx.progress
+            .received
+            .fetch_add(r.records.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        let started_at =
+            from.unwrap_or_else(|| r.records.first().map_or(r.next_offset, |rec| rec.offset));
+        from = Some(r.next_offset);
+        if !ctx.may_invoke() {
+            break;
         }
+        let answer = probe_cursor(ctx, &client, &sub, started_at).await;
         client.after(ctx, &answer);
         back_off(&answer).await;
     }
+}
+
+/// Records the subscription's cursor: a cursor move to `offset`, where the reader's last read
+/// left it, that never moves it back (see the module documentation).
+async fn probe_cursor(ctx: &Ctx, client: &Client, sub: &str, offset: u64) -> super::http::Answer {
+    let body = json!({"offset": offset, "allow_backward": false});
+    let (answer, _) = call(
+        ctx,
+        client,
+        Op::set_cursor(&ctx.settings.topic, sub, offset, false),
+        Method::PUT,
+        &ctx.topic_path(&format!("/subscriptions/{sub}/cursor")),
+        Some(&body),
+        ctx.settings.request_timeout,
+        |r: &CursorResponse| OpResult::Cursor { cursor: r.cursor },
+    )
+    .await;
+    answer
 }

@@ -361,6 +361,65 @@ fn cursor_reported_lower_after_higher_is_cursor_backward() {
     assert_eq!(r.cursor_backward.examples[0].offset, Some(1));
 }
 
+/// The stream workload's pattern: each ok read is followed by a forward-only cursor move to
+/// where the read started, whose answer is the cursor as the server holds it.
+fn read_then_probe(h: &History, p: Process, from: u64, records: &[(u64, &str)], cursor: u64) {
+    let next = records.last().map_or(from, |r| r.0 + 1);
+    read(h, p, Some(S), Some(from), records, next, None);
+    h.invoke(p, Some(1), Op::set_cursor(T, S, from, false))
+        .ok(OpResult::Cursor { cursor });
+}
+
+#[test]
+fn probed_cursors_that_only_grow_are_valid() {
+    let h = History::new();
+    let w = h.next_process();
+    publish_ok(&h, w, &["a", "b", "c", "d"], 0);
+    let r1 = h.next_process();
+    read_then_probe(&h, r1, 0, &[(0, "a"), (1, "b")], 0);
+    read_then_probe(&h, r1, 2, &[(2, "c")], 2);
+    // A probe refused because the cursor is higher says nothing about the cursor.
+    h.invoke(r1, Some(1), Op::set_cursor(T, S, 1, false))
+        .fail("400 invalid_argument");
+    // A retired reader's successor resumes at the cursor and probes there: equal is fine.
+    let r2 = h.next_process();
+    read(&h, r2, Some(S), None, &[(3, "d")], 4, None);
+    h.invoke(r2, Some(1), Op::set_cursor(T, S, 3, false))
+        .ok(OpResult::Cursor { cursor: 3 });
+    read_then_probe(&h, r2, 4, &[], 4);
+    read_then_probe(&h, r2, 4, &[], 4);
+    let r = run(&h);
+    assert!(r.valid, "{r:#?}");
+    assert_eq!(found(&r), Vec::<&str>::new(), "{r:#?}");
+}
+
+#[test]
+fn probed_cursor_lower_than_an_earlier_probe_is_cursor_backward() {
+    let h = History::new();
+    let w = h.next_process();
+    publish_ok(&h, w, &["a", "b", "c", "d"], 0);
+    let r1 = h.next_process();
+    read_then_probe(&h, r1, 0, &[(0, "a"), (1, "b")], 0);
+    read_then_probe(&h, r1, 2, &[(2, "c"), (3, "d")], 2);
+    // The cursor moved to 4 (the next read says so) and the server confirmed it...
+    read_then_probe(&h, r1, 4, &[], 4);
+    // ...then, after a crash, a fresh process resumes at 2 and the server accepts 2 as the
+    // cursor: it went back without anyone asking.
+    let r2 = h.next_process();
+    read(&h, r2, Some(S), None, &[(2, "c"), (3, "d")], 4, None);
+    h.invoke(r2, Some(3), Op::set_cursor(T, S, 2, false))
+        .ok(OpResult::Cursor { cursor: 2 });
+    let r = run(&h);
+    assert!(!r.valid);
+    assert_eq!(found(&r), vec!["cursor_backward"], "{r:#?}");
+    assert_eq!(r.cursor_backward.count, 1);
+    let finding = &r.cursor_backward.examples[0];
+    assert_eq!(finding.offset, Some(2));
+    assert_eq!(finding.subscription.as_deref(), Some(S));
+    assert!(finding.detail.contains("cursor 4"), "{}", finding.detail);
+    assert!(!r.verdict("probe").valid);
+}
+
 #[test]
 fn cursor_lower_in_concurrent_or_after_backward_move_is_fine() {
     let h = History::new();

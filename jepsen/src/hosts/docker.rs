@@ -1,0 +1,775 @@
+//! Hosts as Docker containers on a private Docker network.
+//!
+//! # Layout
+//! ```text
+//!   root namespace (the harness)                  container rqj-n1      container rqj-n2 ...
+//!   bridge rqjd0  10.232.0.254/24  ── network rqj-net ── eth0 10.232.0.1   eth0 10.232.0.2
+//! ```
+//! - The image (`raftq-jepsen:local`) is built at setup, every run, from the server binary the
+//!   run uses, without any registry: a root filesystem holding the binary
+//!   (`/usr/local/bin/raftq`), exactly the shared libraries `ldd` lists for it and the dynamic
+//!   loader, imported with `docker import` as a `FROM scratch` image.
+//! - One Docker network (`<prefix>-net`, a bridge named `<prefix>d0`, gateway `.254`: the
+//!   harness's side) and one container per node (`<prefix>-nN`) at the fixed address `.N`,
+//!   running `raftq serve` on `<subnet>.N:<port>` with the same arguments as the namespace
+//!   hosts. The containers are created once and started, killed and started again as they
+//!   are: the same container, the same command line.
+//! - The data directory `nodeN/` and the secret file are bind-mounted from the run directory:
+//!   writes and fsyncs go to the run directory's filesystem, not to the storage driver's, and
+//!   the data survives a kill and a restart.
+//! - Logs are Docker's (`docker logs`, kept across restarts); they are copied to `nodeN.log`
+//!   in the run directory whenever they are read and at teardown.
+//! - Docker lets traffic within its networks through the root namespace's FORWARD chain
+//!   itself; the harness still inserts its own tagged `ACCEPT` rule for the bridge, as the
+//!   namespace hosts do, so that a daemon configured otherwise (no inter-container traffic)
+//!   does not break the cluster. Setup also checks that the root namespace routes the subnet
+//!   to the bridge, so that the harness reaches every container's address directly.
+//!
+//! # Faults
+//! - `kill`: `docker kill -s KILL`, then `docker wait`; `start`: `docker start`.
+//! - `pause`/`resume`: `docker pause`/`docker unpause` (the cgroup freezer: the process is
+//!   frozen without a signal it could see).
+//! - `partition`, `impair`, `heal`: as [`super::net`] describes, inside each container's
+//!   network namespace, entered from the host with `nsenter -t <pid> -n` (the image has no
+//!   `iptables` or `tc`; the host's are used). A restarted container has a fresh namespace:
+//!   the faults in force are put back into it right after `docker start`.
+//!
+//! # Cleanup
+//! Setup first removes whatever an earlier run with the same names left behind (containers,
+//! the network, the FORWARD rule, the image). [`Hosts::teardown`] (also run on drop)
+//! removes the containers, the network, the rule and the image again.
+//! Needs root, Docker (the CLI and a running daemon), `nsenter` (util-linux), `iptables`, `ip`,
+//! `ldd` and `tar`.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use anyhow::{bail, Context as _};
+
+use super::net::{
+    have, insert_forward_rule, lock, remove_forward_rules, require_root, run, run_quiet, NetFaults,
+    NetNs, NodeNet,
+};
+use super::{Hosts, Netem};
+
+/// Address of the bridge (the harness's side, the network's gateway) in the subnet.
+const GATEWAY_HOST: u8 = 254;
+/// Seconds a graceful stop waits before SIGKILL.
+const STOP_TIMEOUT_SECS: u32 = 20;
+/// Where the server binary lives in the image.
+const IMAGE_BIN: &str = "/usr/local/bin/raftq";
+/// Where the data directory and the secret file are mounted in a container.
+const DATA_MOUNT: &str = "/data";
+const SECRET_MOUNT: &str = "/cluster.secret";
+
+/// How to lay out the containers.
+#[derive(Debug, Clone)]
+pub struct DockerConfig {
+    /// The `raftq` server binary (dynamically linked or static) the image is built from.
+    pub bin: PathBuf,
+    /// Where data directories, logs and the secret file go.
+    pub run_dir: PathBuf,
+    /// Number of nodes (ids 1..=nodes), at most 250.
+    pub nodes: u64,
+    /// The private /24 of the Docker network: its first three octets, e.g. `[10, 232, 0]`.
+    pub subnet: [u8; 3],
+    /// Name prefix of the containers (`<prefix>-nN`), the network (`<prefix>-net`) and its
+    /// bridge (`<prefix>d0`). At most 8 letters or digits.
+    pub prefix: String,
+    /// The image tag the harness builds and removes.
+    pub image: String,
+    /// The port every node listens on, on its own address.
+    pub port: u16,
+    /// `--cluster-id` of the cluster.
+    pub cluster_id: String,
+    /// `RAFTQ_LOG` filter of the nodes.
+    pub log_filter: String,
+}
+
+impl DockerConfig {
+    /// Three nodes in 10.232.0.0/24, names `rqj*`, image `raftq-jepsen:local`, port 7000.
+    pub fn new(bin: PathBuf, run_dir: PathBuf) -> Self {
+        DockerConfig {
+            bin,
+            run_dir,
+            nodes: 3,
+            subnet: [10, 232, 0],
+            prefix: "rqj".to_string(),
+            image: "raftq-jepsen:local".to_string(),
+            port: 7000,
+            cluster_id: "jepsen".to_string(),
+            log_filter: "info".to_string(),
+        }
+    }
+
+    /// The container of node `id`.
+    pub fn container(&self, id: u64) -> String {
+        format!("{}-n{id}", self.prefix)
+    }
+
+    /// The Docker network.
+    pub fn network(&self) -> String {
+        format!("{}-net", self.prefix)
+    }
+
+    /// The network's bridge in the root namespace.
+    fn bridge(&self) -> String {
+        format!("{}d0", self.prefix)
+    }
+
+    fn addr(&self, host: u8) -> Ipv4Addr {
+        let [a, b, c] = self.subnet;
+        Ipv4Addr::new(a, b, c, host)
+    }
+
+    /// The address of node `id`.
+    pub fn node_addr(&self, id: u64) -> Ipv4Addr {
+        self.addr(id as u8)
+    }
+
+    fn url(&self, id: u64) -> String {
+        format!("http://{}:{}", self.node_addr(id), self.port)
+    }
+
+    fn peers_arg(&self) -> String {
+        (1..=self.nodes)
+            .map(|id| format!("{id}={}", self.url(id)))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    fn secret_file(&self) -> PathBuf {
+        self.run_dir.join("cluster.secret")
+    }
+
+    fn data_dir(&self, id: u64) -> PathBuf {
+        self.run_dir.join(format!("node{id}"))
+    }
+
+    fn log_file(&self, id: u64) -> PathBuf {
+        self.run_dir.join(format!("node{id}.log"))
+    }
+
+    /// True when `name` is one of this configuration's containers, of this run or an earlier
+    /// one with more nodes: `<prefix>-n<digits>`.
+    fn is_ours(&self, name: &str) -> bool {
+        name.strip_prefix(&format!("{}-n", self.prefix))
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    }
+
+    /// The arguments of `docker create` for node `id`.
+    fn create_args(&self, id: u64) -> Vec<String> {
+        let mount = |src: &Path, dst: &str, extra: &str| {
+            format!("type=bind,src={},dst={dst}{extra}", src.display())
+        };
+        let mut args: Vec<String> = [
+            "create",
+            "--name",
+            &self.container(id),
+            "--hostname",
+            &self.container(id),
+            "--network",
+            &self.network(),
+            "--ip",
+            &self.node_addr(id).to_string(),
+            "--log-driver",
+            "json-file",
+            "--mount",
+            &mount(&self.data_dir(id), DATA_MOUNT, ""),
+            "--mount",
+            &mount(&self.secret_file(), SECRET_MOUNT, ",readonly"),
+            "--env",
+            &format!("RAFTQ_LOG={}", self.log_filter),
+            "--env",
+            "NO_COLOR=1",
+            &self.image,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        args.extend(
+            [
+                "serve",
+                "--id",
+                &id.to_string(),
+                "--listen",
+                &format!("{}:{}", self.node_addr(id), self.port),
+                "--data",
+                DATA_MOUNT,
+                "--peers",
+                &self.peers_arg(),
+                "--cluster-secret-file",
+                SECRET_MOUNT,
+                "--cluster-id",
+                &self.cluster_id,
+            ]
+            .iter()
+            .map(|s| s.to_string()),
+        );
+        args
+    }
+
+    fn validate(&self) -> anyhow::Result<()> {
+        if self.nodes == 0 || self.nodes > 250 {
+            bail!("between 1 and 250 nodes, not {}", self.nodes);
+        }
+        if self.prefix.is_empty()
+            || self.prefix.len() > 8
+            || !self.prefix.bytes().all(|b| b.is_ascii_alphanumeric())
+        {
+            bail!(
+                "the name prefix must be 1 to 8 letters or digits, not {:?}",
+                self.prefix
+            );
+        }
+        // `--mount` takes comma-separated key=value pairs.
+        let run_dir = self.run_dir.to_string_lossy();
+        if run_dir.contains(',') || run_dir.contains('=') {
+            bail!(
+                "the run directory {run_dir} contains ',' or '=', which Docker's --mount \
+                 cannot take; choose another --out"
+            );
+        }
+        Ok(())
+    }
+}
+
+/// The files `ldd` says `bin` loads, the dynamic loader included (absolute paths, in order).
+/// An empty list: a static binary.
+fn parse_ldd(output: &str) -> anyhow::Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    for line in output.lines().map(str::trim) {
+        if line.is_empty() || line.contains("statically linked") {
+            continue;
+        }
+        let path = match line.split_once("=>") {
+            Some((name, target)) => {
+                let target = target.trim();
+                if target.starts_with("not found") {
+                    bail!(
+                        "the server binary needs {} and this machine does not have it",
+                        name.trim()
+                    );
+                }
+                target.split_whitespace().next().unwrap_or("")
+            }
+            None => line.split_whitespace().next().unwrap_or(""),
+        };
+        // `linux-vdso.so.1 (0x...)` is the kernel's; everything else is a file.
+        if path.starts_with('/') {
+            files.push(PathBuf::from(path));
+        }
+    }
+    Ok(files)
+}
+
+/// Checks what the containers need: root, Docker with a daemon that answers, `nsenter`,
+/// `iptables`, `ip`, `ldd`, `tar`.
+pub fn preflight() -> anyhow::Result<()> {
+    require_root(
+        "the Docker hosts (they enter the containers' network namespaces and add iptables \
+         rules)",
+    )?;
+    if !have("docker", "--version") {
+        bail!(
+            "`docker` not found: install Docker (the engine and its command-line client) and \
+             start the daemon, or use --hosts netns"
+        );
+    }
+    if let Err(err) = run("docker", &["version", "--format", "{{.Server.Version}}"]) {
+        bail!(
+            "the Docker daemon does not answer ({err:#}); start it (e.g. `systemctl start \
+             docker`), or use --hosts netns"
+        );
+    }
+    for (program, probe, package) in [
+        ("nsenter", "--version", "util-linux"),
+        ("iptables", "-V", "iptables"),
+        ("ip", "-V", "iproute2"),
+        ("ldd", "--version", "libc-bin"),
+        ("tar", "--version", "tar"),
+    ] {
+        if !have(program, probe) {
+            bail!("`{program}` not found; install it (apt-get install {package})");
+        }
+    }
+    Ok(())
+}
+
+/// Removes everything a run with this configuration creates, whether or not it exists.
+fn remove_leftovers(cfg: &DockerConfig) {
+    let names = run("docker", &["ps", "-a", "--format", "{{.Names}}"]).unwrap_or_default();
+    let ours: Vec<&str> = names.lines().filter(|n| cfg.is_ours(n)).collect();
+    for name in &ours {
+        // A paused container is unpaused first: removing a frozen one can hang.
+        run_quiet("docker", &["unpause", name]);
+    }
+    if !ours.is_empty() {
+        let mut args = vec!["rm", "-f", "-v"];
+        args.extend(ours.iter().copied());
+        run_quiet("docker", &args);
+    }
+    run_quiet("docker", &["network", "rm", &cfg.network()]);
+    remove_forward_rules(&cfg.bridge());
+    run_quiet("docker", &["image", "rm", "-f", &cfg.image]);
+}
+
+/// Builds the image from the server binary: a root filesystem with the binary, the libraries
+/// `ldd` lists and the loader, imported as a scratch image.
+fn build_image(cfg: &DockerConfig) -> anyhow::Result<()> {
+    let bin = cfg.bin.to_string_lossy().into_owned();
+    let ldd = Command::new("ldd")
+        .arg(&bin)
+        .stdin(Stdio::null())
+        .output()
+        .context("cannot run ldd")?;
+    let text =
+        String::from_utf8_lossy(&ldd.stdout).into_owned() + &String::from_utf8_lossy(&ldd.stderr);
+    // ldd fails for a static binary ("not a dynamic executable"): it needs nothing else.
+    let files = if ldd.status.success() {
+        parse_ldd(&text)?
+    } else if text.contains("not a dynamic executable") {
+        Vec::new()
+    } else {
+        bail!("`ldd {bin}` failed: {}", text.trim());
+    };
+    let root = cfg.run_dir.join("image-root");
+    let tarball = cfg.run_dir.join("image.tar");
+    let _ = std::fs::remove_dir_all(&root);
+    let copy = |from: &Path, to: &Path| -> anyhow::Result<()> {
+        if let Some(dir) = to.parent() {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
+        }
+        // Follows symlinks: the image gets the files themselves under the names asked for.
+        std::fs::copy(from, to)
+            .with_context(|| format!("cannot copy {} into the image", from.display()))?;
+        Ok(())
+    };
+    copy(&cfg.bin, &root.join(IMAGE_BIN.trim_start_matches('/')))?;
+    for file in &files {
+        copy(file, &root.join(file.strip_prefix("/").unwrap_or(file)))?;
+    }
+    for dir in ["tmp", DATA_MOUNT.trim_start_matches('/')] {
+        std::fs::create_dir_all(root.join(dir)).context("cannot lay out the image")?;
+    }
+    let result = (|| {
+        run(
+            "tar",
+            &[
+                "-C",
+                &root.to_string_lossy(),
+                "-cf",
+                &tarball.to_string_lossy(),
+                ".",
+            ],
+        )?;
+        run(
+            "docker",
+            &[
+                "import",
+                "--change",
+                &format!("ENTRYPOINT [\"{IMAGE_BIN}\"]"),
+                &tarball.to_string_lossy(),
+                &cfg.image,
+            ],
+        )
+        .context("cannot import the image")?;
+        anyhow::Ok(())
+    })();
+    let _ = std::fs::remove_dir_all(&root);
+    let _ = std::fs::remove_file(&tarball);
+    result.with_context(|| format!("cannot build the image {}", cfg.image))
+}
+
+fn create_network(cfg: &DockerConfig) -> anyhow::Result<()> {
+    let [a, b, c] = cfg.subnet;
+    run(
+        "docker",
+        &[
+            "network",
+            "create",
+            "--driver",
+            "bridge",
+            "--subnet",
+            &format!("{a}.{b}.{c}.0/24"),
+            "--gateway",
+            &cfg.addr(GATEWAY_HOST).to_string(),
+            "--opt",
+            &format!("com.docker.network.bridge.name={}", cfg.bridge()),
+            &cfg.network(),
+        ],
+    )
+    .with_context(|| {
+        format!(
+            "cannot create the Docker network {} (another network on the same subnet? try \
+             another --subnet)",
+            cfg.network()
+        )
+    })?;
+    insert_forward_rule(&cfg.bridge())?;
+    // The harness talks to the containers' addresses directly, through the bridge.
+    let route = run("ip", &["route", "get", &cfg.node_addr(1).to_string()])?;
+    if !route.split_whitespace().any(|w| w == cfg.bridge()) {
+        bail!(
+            "this machine does not route {} to the Docker network's bridge {} but: {}; \
+             choose another --subnet",
+            cfg.node_addr(1),
+            cfg.bridge(),
+            route.trim()
+        );
+    }
+    for id in 1..=cfg.nodes {
+        let args = cfg.create_args(id);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        run("docker", &args)
+            .with_context(|| format!("cannot create the container of node {id}"))?;
+    }
+    Ok(())
+}
+
+/// What the harness believes about one container.
+#[derive(Debug, Default, Clone, Copy)]
+struct Node {
+    /// Started and not killed since.
+    running: bool,
+    /// Paused and not resumed since.
+    paused: bool,
+}
+
+/// A cluster of `raftq` nodes in Docker containers. See the module documentation.
+pub struct DockerHosts {
+    cfg: Arc<DockerConfig>,
+    nodes: Arc<Mutex<BTreeMap<u64, Node>>>,
+    faults: Arc<NetFaults>,
+    torn_down: AtomicBool,
+}
+
+/// Every node's address and, when its container runs, its namespace (by the container's
+/// main process).
+fn net_nodes(cfg: &DockerConfig) -> anyhow::Result<Vec<NodeNet>> {
+    let names: Vec<String> = (1..=cfg.nodes).map(|id| cfg.container(id)).collect();
+    let mut args = vec!["inspect", "--format", "{{.State.Pid}}"];
+    args.extend(names.iter().map(String::as_str));
+    let pids = run("docker", &args)?;
+    let pids: Vec<u32> = pids
+        .lines()
+        .map(|l| l.trim().parse::<u32>().unwrap_or(0))
+        .collect();
+    Ok((1..=cfg.nodes)
+        .zip(pids.into_iter().chain(std::iter::repeat(0)))
+        .map(|(id, pid)| NodeNet {
+            id,
+            addr: cfg.node_addr(id),
+            ns: (pid != 0).then_some(NetNs::Process(pid)),
+        })
+        .collect())
+}
+
+/// Copies the container's log (stdout and stderr, in order) to `nodeN.log`.
+fn save_log(cfg: &DockerConfig, id: u64) -> anyhow::Result<()> {
+    let file = File::create(cfg.log_file(id)).context("cannot write the node's log")?;
+    let status = Command::new("docker")
+        .args(["logs", &cfg.container(id)])
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(file.try_clone()?))
+        .stderr(Stdio::from(file))
+        .status()
+        .context("cannot run docker logs")?;
+    if !status.success() {
+        bail!("docker logs {} failed: {status}", cfg.container(id));
+    }
+    Ok(())
+}
+
+impl DockerHosts {
+    /// Checks the machine, removes leftovers of an earlier run with the same names, builds the
+    /// image, creates the network and the containers, and writes the secret file. Starts no
+    /// node.
+    pub fn create(cfg: DockerConfig) -> anyhow::Result<DockerHosts> {
+        cfg.validate()?;
+        preflight()?;
+        if !cfg.bin.is_file() {
+            bail!(
+                "raftq binary {} not found; build it (cargo build --release --bin raftq) or \
+                 pass --raftq-bin / RAFTQ_BIN",
+                cfg.bin.display()
+            );
+        }
+        std::fs::create_dir_all(&cfg.run_dir)
+            .with_context(|| format!("cannot create {}", cfg.run_dir.display()))?;
+        std::fs::write(
+            cfg.secret_file(),
+            "raftq-jepsen-cluster-secret-0c4e5b7a91\n",
+        )
+        .context("cannot write the secret file")?;
+        for id in 1..=cfg.nodes {
+            std::fs::create_dir_all(cfg.data_dir(id))
+                .with_context(|| format!("cannot create {}", cfg.data_dir(id).display()))?;
+        }
+        remove_leftovers(&cfg);
+        let hosts = DockerHosts {
+            nodes: Arc::new(Mutex::new(
+                (1..=cfg.nodes).map(|id| (id, Node::default())).collect(),
+            )),
+            cfg: Arc::new(cfg),
+            faults: Arc::new(NetFaults::default()),
+            torn_down: AtomicBool::new(false),
+        };
+        // On failure, `hosts` drops here and removes what was made so far.
+        build_image(&hosts.cfg)?;
+        create_network(&hosts.cfg).context("cannot set up the Docker network")?;
+        Ok(hosts)
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &DockerConfig {
+        &self.cfg
+    }
+
+    /// Runs `docker <args>` for node `id` off the async runtime, updating what the harness
+    /// believes about the node when it succeeded.
+    async fn docker(
+        &self,
+        id: u64,
+        args: &[&str],
+        update: impl FnOnce(&mut Node) + Send + 'static,
+    ) -> anyhow::Result<()> {
+        let name = self.cfg.container(id);
+        let mut all: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        all.push(name);
+        let nodes = Arc::clone(&self.nodes);
+        tokio::task::spawn_blocking(move || {
+            let args: Vec<&str> = all.iter().map(String::as_str).collect();
+            run("docker", &args)?;
+            if let Some(node) = lock(&nodes).get_mut(&id) {
+                update(node);
+            }
+            Ok(())
+        })
+        .await?
+    }
+
+    fn node(&self, id: u64) -> Node {
+        lock(&self.nodes).get(&id).copied().unwrap_or_default()
+    }
+}
+
+impl Drop for DockerHosts {
+    fn drop(&mut self) {
+        self.teardown();
+    }
+}
+
+impl Hosts for DockerHosts {
+    fn ids(&self) -> Vec<u64> {
+        (1..=self.cfg.nodes).collect()
+    }
+
+    fn url(&self, id: u64) -> String {
+        self.cfg.url(id)
+    }
+
+    async fn start(&self, id: u64) -> anyhow::Result<()> {
+        if self.is_running(id) {
+            return Ok(());
+        }
+        self.docker(id, &["start"], |n| {
+            n.running = true;
+            n.paused = false;
+        })
+        .await
+        .with_context(|| format!("cannot start node {id}"))?;
+        // A fresh namespace: put the network faults in force back.
+        let (cfg, faults) = (Arc::clone(&self.cfg), Arc::clone(&self.faults));
+        tokio::task::spawn_blocking(move || faults.restore(id, &net_nodes(&cfg)?))
+            .await?
+            .with_context(|| format!("cannot restore the network faults of node {id}"))
+    }
+
+    async fn kill(&self, id: u64) -> anyhow::Result<()> {
+        if !self.node(id).running {
+            return Ok(());
+        }
+        let (cfg, nodes) = (Arc::clone(&self.cfg), Arc::clone(&self.nodes));
+        tokio::task::spawn_blocking(move || {
+            let name = cfg.container(id);
+            if let Err(err) = run("docker", &["kill", "--signal", "KILL", &name]) {
+                // Fine when it had exited already.
+                if !format!("{err:#}").contains("is not running") {
+                    return Err(err.context(format!("cannot kill node {id}")));
+                }
+            }
+            // Until it is gone.
+            run("docker", &["wait", &name]).context("cannot wait for the killed node")?;
+            if let Some(node) = lock(&nodes).get_mut(&id) {
+                node.running = false;
+                node.paused = false;
+            }
+            Ok(())
+        })
+        .await?
+    }
+
+    async fn pause(&self, id: u64) -> anyhow::Result<()> {
+        let node = self.node(id);
+        if !node.running || node.paused {
+            return Ok(());
+        }
+        self.docker(id, &["pause"], |n| n.paused = true).await
+    }
+
+    async fn resume(&self, id: u64) -> anyhow::Result<()> {
+        if !self.node(id).paused {
+            return Ok(());
+        }
+        self.docker(id, &["unpause"], |n| n.paused = false).await
+    }
+
+    async fn partition(&self, groups: &[Vec<u64>]) -> anyhow::Result<()> {
+        let (cfg, faults) = (Arc::clone(&self.cfg), Arc::clone(&self.faults));
+        let groups = groups.to_vec();
+        tokio::task::spawn_blocking(move || faults.partition(&net_nodes(&cfg)?, &groups)).await?
+    }
+
+    async fn impair(&self, ids: &[u64], netem: &Netem) -> anyhow::Result<()> {
+        let (cfg, faults) = (Arc::clone(&self.cfg), Arc::clone(&self.faults));
+        let (ids, netem) = (ids.to_vec(), *netem);
+        tokio::task::spawn_blocking(move || faults.impair(&net_nodes(&cfg)?, &ids, &netem)).await?
+    }
+
+    async fn heal(&self) -> anyhow::Result<()> {
+        let (cfg, faults) = (Arc::clone(&self.cfg), Arc::clone(&self.faults));
+        tokio::task::spawn_blocking(move || faults.heal(&net_nodes(&cfg)?)).await?
+    }
+
+    /// `docker stop` (SIGTERM, SIGKILL after 20 s), after unpausing.
+    async fn stop(&self, id: u64) -> anyhow::Result<String> {
+        if !self.is_running(id) {
+            return Ok("not running".to_string());
+        }
+        if self.node(id).paused {
+            self.resume(id).await?;
+        }
+        let timeout = STOP_TIMEOUT_SECS.to_string();
+        self.docker(id, &["stop", "--time", &timeout], |n| n.running = false)
+            .await?;
+        let cfg = Arc::clone(&self.cfg);
+        let code = tokio::task::spawn_blocking(move || {
+            run(
+                "docker",
+                &[
+                    "inspect",
+                    "--format",
+                    "{{.State.ExitCode}}",
+                    &cfg.container(id),
+                ],
+            )
+        })
+        .await??;
+        Ok(format!("exit status: {}", code.trim()))
+    }
+
+    fn log(&self, id: u64) -> String {
+        // The container's log when it still exists, else the copy of the last one.
+        let _ = save_log(&self.cfg, id);
+        std::fs::read(self.cfg.log_file(id))
+            .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
+            .unwrap_or_default()
+    }
+
+    /// Removes the containers (their logs copied to the run directory first), the network,
+    /// the FORWARD rule and the image.
+    fn teardown(&self) {
+        if self.torn_down.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        self.faults.shutdown();
+        for id in 1..=self.cfg.nodes {
+            let _ = save_log(&self.cfg, id);
+        }
+        remove_leftovers(&self.cfg);
+    }
+
+    fn is_running(&self, id: u64) -> bool {
+        if !self.node(id).running {
+            return false;
+        }
+        let state = run(
+            "docker",
+            &[
+                "inspect",
+                "--format",
+                "{{.State.Running}}",
+                &self.cfg.container(id),
+            ],
+        );
+        let running = state.is_ok_and(|s| s.trim() == "true");
+        if !running {
+            // Exited on its own.
+            if let Some(node) = lock(&self.nodes).get_mut(&id) {
+                node.running = false;
+                node.paused = false;
+            }
+        }
+        running
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LDD: &str = "\
+\tlinux-vdso.so.1 (0x00007ffc6b5f2000)
+\tlibstdc++.so.6 => /lib/x86_64-linux-gnu/libstdc++.so.6 (0x00007f0a1c000000)
+\tlibgcc_s.so.1 => /lib/x86_64-linux-gnu/libgcc_s.so.1 (0x00007f0a1bfe0000)
+\tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x00007f0a1bc00000)
+\t/lib64/ld-linux-x86-64.so.2 (0x00007f0a1c400000)
+";
+
+    #[test]
+    fn ldd_lists_libraries_and_the_loader() {
+        let files = parse_ldd(LDD).unwrap();
+        assert_eq!(
+            files,
+            vec![
+                PathBuf::from("/lib/x86_64-linux-gnu/libstdc++.so.6"),
+                PathBuf::from("/lib/x86_64-linux-gnu/libgcc_s.so.1"),
+                PathBuf::from("/lib/x86_64-linux-gnu/libc.so.6"),
+                PathBuf::from("/lib64/ld-linux-x86-64.so.2"),
+            ]
+        );
+        assert!(parse_ldd("\tstatically linked\n").unwrap().is_empty());
+        let missing = parse_ldd("\tlibrocksdb.so.8 => not found\n").unwrap_err();
+        assert!(missing.to_string().contains("librocksdb.so.8"));
+    }
+
+    #[test]
+    fn containers_get_fixed_addresses_and_the_same_arguments() {
+        let cfg = DockerConfig::new(PathBuf::from("/bin/true"), PathBuf::from("/tmp/run"));
+        assert!(cfg.validate().is_ok());
+        let args = cfg.create_args(2).join(" ");
+        assert!(args.starts_with("create --name rqj-n2 --hostname rqj-n2 --network rqj-net"));
+        assert!(args.contains("--ip 10.232.0.2 "));
+        assert!(args.contains("--mount type=bind,src=/tmp/run/node2,dst=/data "));
+        assert!(args.contains("src=/tmp/run/cluster.secret,dst=/cluster.secret,readonly"));
+        assert!(args.contains(
+            "raftq-jepsen:local serve --id 2 --listen 10.232.0.2:7000 --data /data --peers \
+             1=http://10.232.0.1:7000,2=http://10.232.0.2:7000,3=http://10.232.0.3:7000 \
+             --cluster-secret-file /cluster.secret --cluster-id jepsen"
+        ));
+        assert!(cfg.is_ours("rqj-n1"));
+        assert!(cfg.is_ours("rqj-n12"));
+        assert!(!cfg.is_ours("rqj-n"));
+        assert!(!cfg.is_ours("rqj-net"));
+        assert!(!cfg.is_ours("other-n1"));
+        let odd = DockerConfig::new(PathBuf::from("/bin/true"), PathBuf::from("/tmp/a,b"));
+        assert!(odd.validate().is_err());
+    }
+}
