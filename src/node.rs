@@ -279,6 +279,12 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     .await
     .context("starting Raft")?;
 
+    if !raft.is_initialized().await.unwrap_or(true) {
+        if let Err(e) = refuse_wiped_voter(&settings).await {
+            let _ = raft.shutdown().await;
+            return Err(e);
+        }
+    }
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
         .with_context(|| format!("cannot listen on {}", settings.listen))?;
@@ -438,6 +444,44 @@ async fn ticker(node: AppState) {
 
 /// Forms a new cluster: when no node has Raft state, the node with the lowest id initializes
 /// it with every peer as a voter. Restarted nodes already have state and skip this.
+/// A node with no Raft state must not come back as a voter that had replicated data before
+/// (its data directory was lost or wiped): with its log and vote gone it could vote for a
+/// candidate that lacks acknowledged writes. Asked before this node serves anything: when a
+/// peer (the leader) reports having replicated entries to this node id, start-up is refused
+/// with what to do instead.
+async fn refuse_wiped_voter(settings: &Settings) -> anyhow::Result<()> {
+    let http = reqwest::Client::new();
+    for (peer, url) in settings.peers.iter().filter(|(id, _)| **id != settings.id) {
+        let Ok(resp) = http
+            .get(format!("{url}/raft/status"))
+            .header(SECRET_HEADER, &settings.cluster_secret)
+            .timeout(Duration::from_secs(1))
+            .send()
+            .await
+        else {
+            continue;
+        };
+        let v: serde_json::Value = resp.json().await.unwrap_or_default();
+        let is_voter = v["voters"]
+            .as_array()
+            .is_some_and(|ids| ids.iter().any(|id| id.as_u64() == Some(settings.id)));
+        let matched = v["matched"][settings.id.to_string()].as_u64().unwrap_or(0);
+        if v["initialized"] == serde_json::Value::Bool(true) && is_voter && matched > 0 {
+            anyhow::bail!(
+                "this node's data directory {} has no Raft state, but node {peer} replicated \
+                 the log up to index {matched} to node {id} before: node {id} lost its data. A \
+                 voter that lost its data must not rejoin under its old id (it could help elect \
+                 a leader that lacks acknowledged writes). Start it with a new --id and an empty \
+                 data directory, add it with `raftq cluster add`, promote it with `raftq \
+                 cluster promote`, then remove node {id} with `raftq cluster remove {id}`",
+                settings.data.display(),
+                id = settings.id,
+            );
+        }
+    }
+    Ok(())
+}
+
 async fn bootstrap(node: AppState) {
     let lowest = node.settings.peers.keys().next().copied();
     if lowest != Some(node.id) {

@@ -182,3 +182,94 @@ async fn grow_to_five_shrink_to_three_and_lose_a_voter_under_load() {
     let summary = c.check_history(&log, &histories, &[]);
     eprintln!("membership changes under load: {summary}");
 }
+
+/// Runs `cmd` and waits (at most 10 s) for it to exit; returns its status and output.
+async fn run_to_exit(c: &Cluster, mut cmd: std::process::Command, what: &str) -> (bool, String) {
+    use std::process::Stdio;
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd
+        .spawn()
+        .unwrap_or_else(|e| c.fail(&format!("{what}: cannot spawn: {e}")));
+    let started = std::time::Instant::now();
+    while child.try_wait().ok().flatten().is_none() {
+        if started.elapsed() > Duration::from_secs(10) {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("collect output");
+            c.fail(&format!(
+                "{what}: still running after 10 s: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let out = child.wait_with_output().expect("collect output");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_voter_that_lost_its_data_is_refused_and_replaced_under_a_new_id() {
+    let c = Cluster::start_with_spares(3, 1).await;
+    let topic = "kept";
+    let client = c.client();
+    if let Err(e) = client.create_topic(topic, &TopicConfig::default()).await {
+        c.fail(&format!("creating {topic}: {e}"));
+    }
+    let before = Load::start(&client, topic, 2, 50)
+        .finish(&c, Duration::from_secs(60))
+        .await;
+
+    // A follower's disk is lost: it must not come back as the same voter.
+    let lost = c.follower_id().await;
+    c.kill(lost);
+    std::fs::remove_dir_all(c.data_dir(lost)).expect("wipe the data directory");
+    let cmd = c.serve_command(lost, c.port(lost), &c.data_dir(lost), common::CLUSTER_ID);
+    let (ok, output) = run_to_exit(&c, cmd, "a wiped voter restarting").await;
+    assert!(!ok, "a wiped voter started: {output}");
+    assert!(output.contains("lost its data"), "{output}");
+    assert!(
+        output.contains("new --id"),
+        "the refusal says what to do: {output}"
+    );
+
+    // The documented replacement: a new id joins, becomes a voter, the old id is removed.
+    let keep: Vec<u64> = (1..=3).filter(|id| *id != lost).collect();
+    c.restart(4).await;
+    let s = client
+        .add_node(4, &c.url(4))
+        .await
+        .unwrap_or_else(|e| c.fail(&format!("add node 4: {e}")));
+    assert!(learners(&s).contains(&4));
+    let s = client
+        .set_voters(&[keep[0], keep[1], 4])
+        .await
+        .unwrap_or_else(|e| c.fail(&format!("promote node 4: {e}")));
+    assert_eq!(voters(&s), BTreeSet::from([keep[0], keep[1], 4]));
+    let s = client
+        .remove_node(lost)
+        .await
+        .unwrap_or_else(|e| c.fail(&format!("remove node {lost}: {e}")));
+    assert!(s.members.iter().all(|m| m.id != lost));
+
+    let after_topic = "after";
+    if let Err(e) = client
+        .create_topic(after_topic, &TopicConfig::default())
+        .await
+    {
+        c.fail(&format!("creating {after_topic}: {e}"));
+    }
+    let after = Load::start(&client, after_topic, 2, 50)
+        .finish(&c, Duration::from_secs(60))
+        .await;
+    for (topic, histories) in [(topic, &before), (after_topic, &after)] {
+        let log = c.consistent_log(topic).await;
+        let summary = c.check_history(&log, histories, &[]);
+        eprintln!("{topic}: {summary}");
+    }
+}

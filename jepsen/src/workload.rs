@@ -322,21 +322,41 @@ pub async fn call<T: serde::de::DeserializeOwned>(
     (answer, out)
 }
 
-/// A publisher: one unique value `p<process>-<seq>` per request until the deadline or the
-/// op budget.
+/// A publisher: an idempotent producer (`producer_id` `p<slot>`, batch `sequence` 0, 1, 2,
+/// …) publishing one unique value `p<slot>-<n>` per request until the deadline or the op
+/// budget.
+///
+/// After an `ok` the next value gets the next sequence. After a definite failure of a batch
+/// never sent before, the sequence was not used: the next value takes it. After an unknown
+/// outcome (`info`) the same batch is sent again with the same sequence until one answer is
+/// `ok`, as a producer must (a definite failure of a re-send says nothing about the earlier
+/// attempt): the server answers a batch it already has with its original offsets
+/// (`duplicate: true`) instead of appending it twice. Following Jepsen, the retry is a new op of a new process; it carries the same value,
+/// so a value in the log at two offsets is a broken promise the checkers report.
 pub async fn publisher(ctx: &Ctx, slot: usize) {
     let mut client = Client::new(&ctx.history, first_node(ctx, slot));
-    let mut process = client.process;
-    let mut seq = 0u64;
+    let producer = format!("p{slot}");
+    let (mut sequence, mut n) = (0u64, 0u64);
+    let mut retry: Option<String> = None;
+    // Whether some attempt of the current batch has an unknown outcome.
+    let mut unknown = false;
     let path = ctx.topic_path("/records");
     while ctx.may_invoke() {
-        if client.process != process {
-            (process, seq) = (client.process, 0);
-        }
-        let value = format!("p{}-{seq}", client.number());
-        seq += 1;
-        let body = json!({"records": [{"value": value}]});
-        let op = Op::publish(&ctx.settings.topic, vec![value]);
+        let value = retry.take().unwrap_or_else(|| {
+            n += 1;
+            format!("{producer}-{}", n - 1)
+        });
+        let body = json!({
+            "records": [{"value": value}],
+            "producer_id": producer,
+            "sequence": sequence,
+        });
+        let op = Op::Publish {
+            topic: ctx.settings.topic.clone(),
+            values: vec![value.clone()],
+            producer_id: Some(producer.clone()),
+            sequence: Some(sequence),
+        };
         let (answer, ok) = call(
             ctx,
             &client,
@@ -348,8 +368,21 @@ pub async fn publisher(ctx: &Ctx, slot: usize) {
             |r: &PublishResponse| OpResult::publish(r.first_offset, 1, r.duplicate),
         )
         .await;
-        if ok.is_some() {
-            ctx.progress.published.fetch_add(1, Ordering::Relaxed);
+        match answer.class {
+            Class::Ok => {
+                sequence += 1;
+                unknown = false;
+                if ok.is_some_and(|r| !r.duplicate) {
+                    ctx.progress.published.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            Class::Info => {
+                unknown = true;
+                retry = Some(value);
+            }
+            // Still unknown whether an earlier attempt landed: keep re-sending it.
+            Class::Fail if unknown => retry = Some(value),
+            Class::Fail => {}
         }
         client.after(ctx, &answer);
         back_off(&answer).await;

@@ -131,10 +131,22 @@ async fn status(State(state): State<AppState>, headers: HeaderMap) -> Result<Res
         .is_initialized()
         .await
         .map_err(|e| ApiError::internal(e.to_string()))?;
-    Ok(
-        axum::Json(serde_json::json!({ "node_id": state.id, "initialized": initialized }))
-            .into_response(),
-    )
+    let m = state.raft.metrics().borrow().clone();
+    let voters: Vec<u64> = m.membership_config.membership().voter_ids().collect();
+    // On the leader: how far each node has replicated (in memory since it became leader).
+    let matched: std::collections::BTreeMap<String, u64> = m
+        .replication
+        .iter()
+        .flatten()
+        .filter_map(|(id, l)| l.map(|l| (id.to_string(), l.index)))
+        .collect();
+    Ok(axum::Json(serde_json::json!({
+        "node_id": state.id,
+        "initialized": initialized,
+        "voters": voters,
+        "matched": matched,
+    }))
+    .into_response())
 }
 
 pub fn router(state: AppState) -> Router {

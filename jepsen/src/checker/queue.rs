@@ -17,6 +17,7 @@
 //! | `delivery_after_ack` | a pull invoked after an `ok` ack answered `acked` for a record returned that record | yes |
 //! | `double_ack` | two `ok` acks answered `acked` for one record | yes |
 //! | `lease_overlap` | two deliveries (different receipts) of one record whose leases overlap by server time | no |
+//! | `appended_twice` | one value at two offsets of a topic (seen in deliveries or in a final read): a publish applied twice, which idempotent producers must never cause | yes |
 //!
 //! A lease is `[lease_expires_ms - ack_timeout, lease_expires_ms]`, where ack_timeout is the
 //! pull's `ack_timeout_ms`, or else [`QueueOptions::ack_timeout_ms`] (the subscription's). An
@@ -76,10 +77,12 @@ pub struct QueueReport {
     pub delivery_after_ack: Anomaly,
     pub double_ack: Anomaly,
     pub lease_overlap: Anomaly,
+    #[serde(default)]
+    pub appended_twice: Anomaly,
 }
 
 impl QueueReport {
-    fn table(&self) -> [(&'static str, &Anomaly, bool); 8] {
+    fn table(&self) -> [(&'static str, &Anomaly, bool); 9] {
         [
             ("lost", &self.lost, true),
             ("unexpected", &self.unexpected, true),
@@ -89,6 +92,7 @@ impl QueueReport {
             ("delivery_after_ack", &self.delivery_after_ack, true),
             ("double_ack", &self.double_ack, true),
             ("lease_overlap", &self.lease_overlap, false),
+            ("appended_twice", &self.appended_twice, true),
         ]
     }
 
@@ -144,6 +148,8 @@ pub fn check(events: &[Event], opts: &QueueOptions) -> QueueReport {
     let mut extended: HashMap<String, u64> = HashMap::new();
     // Backward cursor moves per subscription: (invoke, complete).
     let mut seeks: HashMap<SubKey, Vec<(u64, u64)>> = HashMap::new();
+    // (topic, value) -> offsets it was seen at (deliveries and final reads), and where.
+    let mut offsets_of: BTreeMap<(String, String), (BTreeSet<u64>, Vec<u64>)> = BTreeMap::new();
 
     for pair in &pairs {
         match pair.op() {
@@ -180,6 +186,11 @@ pub fn check(events: &[Event], opts: &QueueOptions) -> QueueReport {
                 };
                 let timeout = ack_timeout_ms.unwrap_or(opts.ack_timeout_ms);
                 for d in ds {
+                    let seen = offsets_of
+                        .entry((topic.clone(), d.value.clone()))
+                        .or_default();
+                    seen.0.insert(d.offset);
+                    seen.1.push(pair.complete_index());
                     let key = (topic.clone(), subscription.clone(), d.value.clone());
                     deliveries.entry(key).or_default().push(DeliveryRec {
                         pull_invoke: pair.invoke_index(),
@@ -248,7 +259,35 @@ pub fn check(events: &[Event], opts: &QueueOptions) -> QueueReport {
                     .or_default()
                     .push((pair.invoke_index(), pair.complete_index()));
             }
+            Op::FinalRead { topic, .. } => {
+                let Some(OpResult::Records { records }) = pair.result() else {
+                    continue;
+                };
+                for (offset, value) in records {
+                    let seen = offsets_of
+                        .entry((topic.clone(), value.clone()))
+                        .or_default();
+                    seen.0.insert(*offset);
+                    seen.1.push(pair.complete_index());
+                }
+            }
             _ => {}
+        }
+    }
+
+    for ((topic, value), (offsets, events)) in &offsets_of {
+        if offsets.len() > 1 {
+            let mut events = events.clone();
+            events.sort_unstable();
+            events.dedup();
+            report.appended_twice.push(Finding {
+                topic: topic.clone(),
+                value: Some(value.clone()),
+                offset: offsets.iter().next().copied(),
+                events,
+                detail: format!("at offsets {offsets:?}: the log holds it more than once"),
+                ..Finding::default()
+            });
         }
     }
 

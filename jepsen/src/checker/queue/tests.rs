@@ -126,7 +126,7 @@ fn clean_history_is_valid() {
     assert_eq!(r.counts.info, 1);
     let v = r.verdict("clean");
     assert!(v.valid);
-    assert_eq!(v.anomalies.len(), 8);
+    assert_eq!(v.anomalies.len(), 9);
     assert!(v.anomalies.values().all(|n| *n == 0));
 }
 
@@ -457,4 +457,58 @@ fn report_survives_a_jsonl_round_trip_of_its_history() {
     assert_eq!(check(&events, &opts()), check(&h.events(), &opts()));
     let r = check(&events, &opts());
     assert_eq!(found(&r), vec!["lost", "duplicated", "delivery_after_ack"]);
+}
+
+#[test]
+fn a_retried_publish_that_landed_once_is_valid_but_twice_is_appended_twice() {
+    // The idempotent producer's retry after an unknown outcome: two attempts, one record.
+    let h = History::new();
+    let p = h.next_process();
+    h.invoke(p, Some(1), Op::publish(T, vals(&["a"])))
+        .info("timeout");
+    let q = h.next_process();
+    h.invoke(q, Some(2), Op::publish(T, vals(&["a"])))
+        .ok(OpResult::publish(0, 1, true));
+    pull_ok(&h, q, vec![d("a", 0, "r0", 1, 100)]);
+    ack(&h, q, &[("r0", "a")], ReceiptStatus::Acked);
+    h.invoke(q, Some(1), Op::final_read(T, 1))
+        .ok(OpResult::Records {
+            records: vec![(0, "a".into())],
+        });
+    let r = run(&h);
+    assert!(r.valid, "{r:#?}");
+    assert!(found(&r).is_empty(), "{r:#?}");
+
+    // The same, but the log holds the value at two offsets (seen by a final read).
+    let h = History::new();
+    let p = h.next_process();
+    h.invoke(p, Some(1), Op::publish(T, vals(&["a"])))
+        .info("timeout");
+    let q = h.next_process();
+    h.invoke(q, Some(2), Op::publish(T, vals(&["a"])))
+        .ok(OpResult::publish(1, 1, false));
+    pull_ok(&h, q, vec![d("a", 0, "r0", 1, 100)]);
+    ack(&h, q, &[("r0", "a")], ReceiptStatus::Acked);
+    h.invoke(q, Some(1), Op::final_read(T, 1))
+        .ok(OpResult::Records {
+            records: vec![(0, "a".into()), (1, "a".into())],
+        });
+    let r = run(&h);
+    assert!(!r.valid);
+    assert_eq!(found(&r), vec!["appended_twice"], "{r:#?}");
+    assert!(r.appended_twice.examples[0].detail.contains("{0, 1}"));
+
+    // Seen by deliveries alone: the value delivered at two offsets.
+    let h = History::new();
+    let p = h.next_process();
+    publish_ok(&h, p, &["a"], 0);
+    pull_ok(
+        &h,
+        p,
+        vec![d("a", 0, "r0", 1, 100), d("a", 1, "r1", 1, 100)],
+    );
+    ack(&h, p, &[("r0", "a"), ("r1", "a")], ReceiptStatus::Acked);
+    let r = run(&h);
+    assert!(!r.valid);
+    assert!(found(&r).contains(&"appended_twice"), "{r:#?}");
 }
