@@ -24,6 +24,11 @@ enum Cmd {
     Consume(raftq::cli::ConsumeArgs),
     /// Print a topic's records, optionally for a subscription (moving its cursor) and following.
     Tail(raftq::cli::TailArgs),
+    /// Publish lines of a file or stdin as records, in ordered idempotent batches; with
+    /// --spool, a killed run loses nothing and a rerun resumes.
+    Publish(raftq::cli::PublishArgs),
+    /// Print the counters of a topic (or of every topic) as of a commit point.
+    Report(raftq::cli::ReportArgs),
 }
 
 fn init_logging(format: &str) {
@@ -53,6 +58,8 @@ fn main() -> std::process::ExitCode {
         }),
         Cmd::Consume(args) => return raftq::cli::consume(args),
         Cmd::Tail(args) => return raftq::cli::tail(args),
+        Cmd::Publish(args) => return raftq::cli::publish(args),
+        Cmd::Report(args) => return raftq::cli::report(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

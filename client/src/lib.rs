@@ -38,6 +38,56 @@
 //! # }
 //! ```
 //!
+//! # Producing
+//!
+//! A [`Producer`] publishes a stream of records to one topic: it batches them (by count, bytes
+//! and linger time), keeps several batches in flight while the topic still gets them in send
+//! order, and makes every batch idempotent (`producer_id` + `sequence`), so a batch whose
+//! answer was lost is sent again with the same sequence until its outcome is known and is never
+//! appended twice. `send` waits when the buffer is full; [`Producer::commit_point`] is the
+//! highest local sequence up to which every record is committed or definitely failed.
+//!
+//! With a spool directory, `send` returns only once the record's batch is fsynced there, and a
+//! producer killed at any moment and opened again on the same spool re-sends what was pending
+//! with the original sequences: it loses nothing it accepted and duplicates nothing.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use raftq_client::api::RecordIn;
+//! use raftq_client::{Client, Producer, ProducerOptions, SendError};
+//!
+//! # async fn run(client: Client) -> Result<(), Box<dyn std::error::Error>> {
+//! let producer = Producer::open(
+//!     client,
+//!     "orders",
+//!     ProducerOptions::new()
+//!         .linger(Duration::from_millis(10))
+//!         .spool("/var/lib/orders-producer/spool"),
+//! )
+//! .await?;
+//! if producer.recovered().records > 0 {
+//!     println!("re-sending {} records from before the restart", producer.recovered().records);
+//! }
+//! let mut deliveries = Vec::new();
+//! for i in 0..1_000 {
+//!     let record = RecordIn::text(format!("order {i} placed")).with_key(format!("order-{i}"));
+//!     deliveries.push(producer.send(record).await?); // accepted: fsynced in the spool
+//! }
+//! for delivery in deliveries {
+//!     match delivery.await {
+//!         Ok(offset) => println!("committed at offset {offset}"),
+//!         Err(SendError::Refused(problem)) => println!("not appended: {problem}"),
+//!         Err(other) => println!("{other}"),
+//!     }
+//! }
+//! producer.close().await?; // waits for every outcome, compacts the spool
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! The [`producer`] module documents the rules: what each [`SendError`] means for the record,
+//! when the producer stops with a [`ProducerError`], and how the spool recovers.
+//!
 //! # Consuming a subscription
 //!
 //! A [`Subscriber`] pulls leased messages, runs a handler per message, extends the leases of
@@ -126,9 +176,8 @@
 //! - Reads (`GET`) are retried, on any node, until the deadline.
 //! - [`Client::create_topic`], [`Client::delete_topic`], and a [`Client::publish`] with both
 //!   `producer_id` and `sequence` are retried too, because applying them twice has the effect
-//!   of applying them once (a server that supports idempotent publish deduplicates it and
-//!   answers its original offsets with `duplicate: true`; the current server refuses those
-//!   fields with 400 until producer support lands, so nothing is applied twice meanwhile).
+//!   of applying them once (the server deduplicates a re-sent batch and answers its original
+//!   offsets with `duplicate: true`).
 //! - The subscription calls are all retried too: [`Client::create_subscription`] and
 //!   [`Client::delete_subscription`] like topics; [`Client::ack`], [`Client::nack`],
 //!   [`Client::extend`] and [`Client::set_cursor`] because applying them twice has the effect of
@@ -158,13 +207,17 @@
 //! - `transport`: node list, leader tracking, redirects, the retry loop and the classification
 //!   of every answer as "applied", "not applied" or "unknown".
 //! - `error`: [`Error`].
+//! - [`producer`]: [`Producer`], its options, [`Delivery`] and errors.
+//! - `spool`: the producer's durable spool (an append-only file of checksummed entries).
 //! - [`subscriber`]: [`Subscriber`], its options, stop handle and report.
 //! - `reader`: [`Reader`].
 
 pub mod api;
 mod client;
 mod error;
+pub mod producer;
 mod reader;
+mod spool;
 pub mod subscriber;
 mod transport;
 
@@ -173,8 +226,13 @@ pub use client::{
     DEFAULT_REQUEST_TIMEOUT,
 };
 pub use error::Error;
+pub use producer::{
+    Delivery, Producer, ProducerError, ProducerOptions, ProducerStats, Recovered, SendError,
+};
 pub use reader::{Reader, DEFAULT_READ_WAIT};
 pub use subscriber::{RunError, StopHandle, StopReport, Subscriber, SubscriberOptions};
 
+#[cfg(test)]
+mod producer_tests;
 #[cfg(test)]
 mod tests;

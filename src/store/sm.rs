@@ -228,7 +228,12 @@ impl SmShared {
                     )
                 }
                 EntryPayload::Membership(m) => {
-                    let before: Vec<u64> = view.membership.membership().nodes().map(|(id, _)| *id).collect();
+                    let before: Vec<u64> = view
+                        .membership
+                        .membership()
+                        .nodes()
+                        .map(|(id, _)| *id)
+                        .collect();
                     for id in before {
                         if m.get_node(&id).is_none() {
                             view.state.retired_nodes.insert(id);
