@@ -11,6 +11,8 @@
 //! when every record was committed, 1 when any failed or has an unknown outcome, and 130 when
 //! interrupted.
 
+pub mod cluster;
+
 use std::io::{self, BufRead, IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -50,11 +52,12 @@ pub struct Connection {
         value_name = "URL",
         env = "RAFTQ_URL",
         value_delimiter = ',',
-        default_values = DEFAULT_URLS
+        default_values = DEFAULT_URLS,
+        global = true
     )]
     pub urls: Vec<String>,
     /// API token, sent as `Authorization: Bearer <token>`.
-    #[arg(long, env = "RAFTQ_TOKEN", hide_env_values = true)]
+    #[arg(long, env = "RAFTQ_TOKEN", hide_env_values = true, global = true)]
     pub token: Option<String>,
 }
 

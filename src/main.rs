@@ -29,6 +29,8 @@ enum Cmd {
     Publish(raftq::cli::PublishArgs),
     /// Print the counters of a topic (or of every topic) as of a commit point.
     Report(raftq::cli::ReportArgs),
+    /// See and change the cluster: status, add, promote, remove, transfer-leader, snapshot.
+    Cluster(raftq::cli::cluster::ClusterArgs),
 }
 
 fn init_logging(format: &str) {
@@ -60,6 +62,7 @@ fn main() -> std::process::ExitCode {
         Cmd::Tail(args) => return raftq::cli::tail(args),
         Cmd::Publish(args) => return raftq::cli::publish(args),
         Cmd::Report(args) => return raftq::cli::report(args),
+        Cmd::Cluster(args) => return raftq::cli::cluster::cluster(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

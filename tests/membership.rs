@@ -238,24 +238,49 @@ async fn a_voter_that_lost_its_data_is_refused_and_replaced_under_a_new_id() {
         "the refusal says what to do: {output}"
     );
 
-    // The documented replacement: a new id joins, becomes a voter, the old id is removed.
+    // The documented replacement, with the `raftq cluster` commands: a new id joins, becomes
+    // a voter, and the old id is removed.
     let keep: Vec<u64> = (1..=3).filter(|id| *id != lost).collect();
     c.restart(4).await;
-    let s = client
-        .add_node(4, &c.url(4))
-        .await
-        .unwrap_or_else(|e| c.fail(&format!("add node 4: {e}")));
-    assert!(learners(&s).contains(&4));
-    let s = client
-        .set_voters(&[keep[0], keep[1], 4])
-        .await
-        .unwrap_or_else(|e| c.fail(&format!("promote node 4: {e}")));
+    let urls = keep
+        .iter()
+        .map(|id| c.url(*id))
+        .collect::<Vec<_>>()
+        .join(",");
+    let cli = |args: &[String]| {
+        let mut cmd = std::process::Command::new(common::BIN);
+        cmd.arg("cluster").args(args).arg("--url").arg(&urls);
+        cmd
+    };
+    let url4 = c.url(4);
+    for (args, want) in [
+        (
+            vec!["add".to_string(), "4".into(), url4.clone()],
+            "caught up",
+        ),
+        (vec!["promote".to_string(), "4".into()], "voters: ["),
+        (vec!["remove".to_string(), lost.to_string()], "removed"),
+    ] {
+        let (ok, output) = run_to_exit(&c, cli(&args), &format!("raftq cluster {args:?}")).await;
+        assert!(
+            ok && output.contains(want),
+            "raftq cluster {args:?}: {output}"
+        );
+    }
+    let (ok, output) = run_to_exit(&c, cli(&["status".into(), "--json".into()]), "status").await;
+    assert!(ok, "{output}");
+    let s: ClusterStatus = serde_json::from_str(&output)
+        .unwrap_or_else(|e| c.fail(&format!("status --json: {e}: {output}")));
     assert_eq!(voters(&s), BTreeSet::from([keep[0], keep[1], 4]));
-    let s = client
-        .remove_node(lost)
-        .await
-        .unwrap_or_else(|e| c.fail(&format!("remove node {lost}: {e}")));
-    assert!(s.members.iter().all(|m| m.id != lost));
+    assert!(s.members.iter().all(|m| m.id != lost), "{s:?}");
+    // A removed id cannot come back, through the CLI either (exit 1, the server's reason).
+    let (ok, output) = run_to_exit(
+        &c,
+        cli(&["add".into(), lost.to_string(), c.url(lost)]),
+        "re-adding the removed id",
+    )
+    .await;
+    assert!(!ok && output.contains("never reused"), "{output}");
 
     let after_topic = "after";
     if let Err(e) = client
