@@ -60,7 +60,7 @@ fn learners(s: &ClusterStatus) -> BTreeSet<u64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grow_to_five_shrink_to_three_and_lose_a_voter_under_load() {
-    let c = Cluster::start_with_spares(3, 2).await;
+    let c = Cluster::start_with_spares(3, 2, &[]).await;
     let topic = "members";
     let client = c.client();
     if let Err(e) = client.create_topic(topic, &TopicConfig::default()).await {
@@ -215,7 +215,14 @@ async fn run_to_exit(c: &Cluster, mut cmd: std::process::Command, what: &str) ->
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_voter_that_lost_its_data_is_refused_and_replaced_under_a_new_id() {
-    let c = Cluster::start_with_spares(3, 1).await;
+    // Short logs: by the time the new node joins, the log it needs is purged and it must
+    // catch up by snapshot.
+    let c = Cluster::start_with_spares(
+        3,
+        1,
+        &["--snapshot-logs", "20", "--snapshot-keep-logs", "5"],
+    )
+    .await;
     let topic = "kept";
     let client = c.client();
     if let Err(e) = client.create_topic(topic, &TopicConfig::default()).await {
@@ -269,6 +276,11 @@ async fn a_voter_that_lost_its_data_is_refused_and_replaced_under_a_new_id() {
     }
     let (ok, output) = run_to_exit(&c, cli(&["status".into(), "--json".into()]), "status").await;
     assert!(ok, "{output}");
+    assert!(
+        c.log(4).contains("snapshot installed"),
+        "the new node caught up without a snapshot:\n{}",
+        common::tail(&c.log(4), 30)
+    );
     let s: ClusterStatus = serde_json::from_str(&output)
         .unwrap_or_else(|e| c.fail(&format!("status --json: {e}: {output}")));
     assert_eq!(voters(&s), BTreeSet::from([keep[0], keep[1], 4]));

@@ -121,8 +121,8 @@ impl Cluster {
 
     /// A cluster of `voters` nodes, plus `spares` more (the next ids) that are not started:
     /// start one with [`Cluster::restart`], then add it through the membership API.
-    pub async fn start_with_spares(voters: u64, spares: u64) -> Cluster {
-        Self::start_full(voters, spares, &[]).await
+    pub async fn start_with_spares(voters: u64, spares: u64, extra_args: &[&str]) -> Cluster {
+        Self::start_full(voters, spares, extra_args).await
     }
 
     async fn start_full(n: u64, spares: u64, extra_args: &[&str]) -> Cluster {
