@@ -72,26 +72,6 @@ async fn drain(c: &Cluster, client: &Client, topic: &str, sub: &str, count: u64)
     }
 }
 
-/// Waits until every running node has applied the same index, then returns each node's state
-/// digest at that index.
-async fn digests(c: &Cluster) -> Vec<(u64, String)> {
-    let mut last = String::new();
-    for _ in 0..100 {
-        let mut seen = Vec::new();
-        for id in c.running_ids() {
-            let s: ClusterStatus = c.get_json(id, "/v1/cluster?digest=true").await;
-            let d = s.state_digest.unwrap_or_else(|| c.fail("no state_digest"));
-            seen.push((id, d.index, d.digest));
-        }
-        if seen.iter().all(|(_, index, _)| *index == seen[0].1) {
-            return seen.into_iter().map(|(_, i, d)| (i, d)).collect();
-        }
-        last = format!("{seen:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    c.fail(&format!("nodes never applied the same index: {last}"))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_catches_up_by_snapshot_and_matches_the_leader_exactly() {
     let c = Cluster::start_with(3, &["--snapshot-logs", "40", "--snapshot-keep-logs", "5"]).await;
@@ -168,7 +148,7 @@ async fn a_follower_catches_up_by_snapshot_and_matches_the_leader_exactly() {
         "the follower caught up without a snapshot:\n{}",
         common::tail(&c.log_since_last_start(follower), 30)
     );
-    let seen = digests(&c).await;
+    let seen = c.digests().await;
     assert!(
         seen.iter().all(|d| d == &seen[0]),
         "state digests differ: {seen:?}"
@@ -184,7 +164,7 @@ async fn a_follower_catches_up_by_snapshot_and_matches_the_leader_exactly() {
         c.restart(id).await;
     }
     c.wait_leader(Duration::from_secs(30)).await;
-    let seen = digests(&c).await;
+    let seen = c.digests().await;
     assert!(
         seen.iter().all(|d| d == &seen[0]),
         "state digests differ after a full restart: {seen:?}"

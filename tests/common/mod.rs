@@ -502,6 +502,28 @@ impl Cluster {
         }
     }
 
+    /// Waits until every running node has applied the same index, then returns each node's
+    /// state digest (`GET /v1/cluster?digest=true`) at that index.
+    pub async fn digests(&self) -> Vec<(u64, String)> {
+        let mut last = String::new();
+        for _ in 0..100 {
+            let mut seen = Vec::new();
+            for id in self.running_ids() {
+                let s: ClusterStatus = self.get_json(id, "/v1/cluster?digest=true").await;
+                let d = s
+                    .state_digest
+                    .unwrap_or_else(|| self.fail("no state_digest in the answer"));
+                seen.push((id, d.index, d.digest));
+            }
+            if seen.iter().all(|(_, index, _)| *index == seen[0].1) {
+                return seen.into_iter().map(|(_, i, d)| (i, d)).collect();
+            }
+            last = format!("{seen:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        self.fail(&format!("the nodes never applied the same index: {last}"))
+    }
+
     /// Waits until every running node agrees on a running leader; returns its id.
     pub async fn wait_leader(&self, timeout: Duration) -> u64 {
         match self.poll_leader(timeout).await {
