@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::Cluster;
 use raftq_client::api::{
-    ClusterStatus, PublishRequest, PullRequest, RecordIn, SnapshotTaken, TopicInfo, TopicReport,
+    PublishRequest, PullRequest, RecordIn, SnapshotTaken, TopicInfo, TopicReport,
 };
 use raftq_client::Client;
 use serde_json::{json, Value};
