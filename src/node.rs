@@ -50,6 +50,16 @@ pub struct Node {
 
 pub type AppState = Arc<Node>;
 
+/// Ends a leadership transfer when dropped: heartbeats on, writes accepted again.
+struct TransferGuard<'a>(&'a Node);
+
+impl Drop for TransferGuard<'_> {
+    fn drop(&mut self) {
+        self.0.raft.runtime_config().heartbeat(true);
+        self.0.transferring.store(false, Ordering::SeqCst);
+    }
+}
+
 /// Decrements the in-flight write count when a write handler finishes, however it ends.
 struct InFlight<'a>(&'a AtomicUsize);
 
@@ -149,10 +159,10 @@ impl Node {
         if self.transferring.swap(true, Ordering::SeqCst) {
             return Err(ApiError::no_leader());
         }
-        let result = self.transfer_to(target, &url).await;
-        self.raft.runtime_config().heartbeat(true);
-        self.transferring.store(false, Ordering::SeqCst);
-        result
+        // Heartbeats come back and writes resume however this ends, a dropped request
+        // (cancelling this future) included.
+        let _resume = TransferGuard(self);
+        self.transfer_to(target, &url).await
     }
 
     async fn transfer_to(&self, target: NodeId, url: &str) -> Result<NodeId, ApiError> {

@@ -310,3 +310,56 @@ async fn a_voter_that_lost_its_data_is_refused_and_replaced_under_a_new_id() {
         eprintln!("{topic}: {summary}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transfer_whose_request_is_dropped_leaves_the_node_able_to_lead() {
+    let c = Cluster::start(3).await;
+    let topic = "moves";
+    let client = c.client();
+    if let Err(e) = client.create_topic(topic, &TopicConfig::default()).await {
+        c.fail(&format!("creating {topic}: {e}"));
+    }
+    let first = leader(&c).await;
+    // The client gives up after 300 ms, mid-transfer (the lease wait alone is over a second):
+    // the server's handler is dropped with it.
+    let url = format!("{}/v1/cluster/transfer-leader", c.url(first));
+    let dropped = c
+        .http()
+        .post(url)
+        .json(&json!({}))
+        .timeout(Duration::from_millis(300))
+        .send()
+        .await;
+    assert!(
+        dropped.is_err(),
+        "the transfer answered within 300 ms: {dropped:?}"
+    );
+    // Whoever leads now, writes flow...
+    c.wait_leader(Duration::from_secs(20)).await;
+    let ack = client
+        .publish_records(topic, vec![raftq_client::api::RecordIn::text("after")])
+        .await
+        .unwrap_or_else(|e| c.fail(&format!("publish after the dropped transfer: {e}")));
+    assert_eq!(ack.first_offset, 0);
+    // ...and the node whose transfer was dropped can lead again and take writes.
+    let now = leader(&c).await;
+    if now != first {
+        let moved = client
+            .transfer_leader(Some(first))
+            .await
+            .unwrap_or_else(|e| c.fail(&format!("transfer back to node {first}: {e}")));
+        assert_eq!(moved, first);
+    }
+    for i in 0..20 {
+        client
+            .publish_records(
+                topic,
+                vec![raftq_client::api::RecordIn::text(format!(
+                    "on {first}: {i}"
+                ))],
+            )
+            .await
+            .unwrap_or_else(|e| c.fail(&format!("publish {i} with node {first} leading: {e}")));
+    }
+    assert_eq!(leader(&c).await, first, "node {first} keeps leading");
+}

@@ -52,7 +52,9 @@ async fn status(node: &AppState) -> Result<Json<ClusterStatus>, ApiError> {
     super::cluster::status(State(node.clone()), RawQuery(None)).await
 }
 
-fn members(node: &AppState) -> (BTreeSet<NodeId>, BTreeMap<NodeId, String>) {
+/// The voters, every member with its URL, and whether a change is half done (a joint
+/// configuration, whose voters are the union of the old and the new set).
+fn members(node: &AppState) -> (BTreeSet<NodeId>, BTreeMap<NodeId, String>, bool) {
     let m = node.raft.metrics().borrow().clone();
     let membership = m.membership_config.membership();
     let voters = membership.voter_ids().collect();
@@ -60,7 +62,7 @@ fn members(node: &AppState) -> (BTreeSet<NodeId>, BTreeMap<NodeId, String>) {
         .nodes()
         .map(|(id, n)| (*id, n.addr.clone()))
         .collect();
-    (voters, nodes)
+    (voters, nodes, membership.get_joint_config().len() > 1)
 }
 
 fn check_url(url: &str) -> Result<String, ApiError> {
@@ -91,7 +93,7 @@ pub async fn add_node(
             req.id
         )));
     }
-    let (_, nodes) = members(&node);
+    let (_, nodes, _) = members(&node);
     match nodes.get(&req.id) {
         Some(existing) if *existing != url => {
             return Err(ApiError::new(
@@ -156,13 +158,15 @@ pub async fn set_voters(
         return Err(ApiError::invalid("ids lists a node twice"));
     }
     node.require_leader(&uri)?;
-    let (voters, nodes) = members(&node);
+    let (voters, nodes, joint) = members(&node);
     if let Some(unknown) = ids.iter().find(|id| !nodes.contains_key(id)) {
         return Err(ApiError::invalid(format!(
             "node {unknown} is not a member; add it first with POST /v1/cluster/nodes"
         )));
     }
-    if ids != voters {
+    // Equal voters need no change, unless a change was left half done: then this one
+    // finishes it.
+    if ids != voters || joint {
         // New voters must have the log first, or the new configuration could not commit.
         for id in ids.difference(&voters) {
             wait_caught_up(&node, *id).await?;
@@ -186,7 +190,7 @@ pub async fn remove_node(
         .parse()
         .map_err(|_| ApiError::invalid(format!("node id {id:?} is not a positive integer")))?;
     node.require_leader(&uri)?;
-    let (voters, nodes) = members(&node);
+    let (voters, nodes, _) = members(&node);
     if !nodes.contains_key(&id) {
         return Err(ApiError::invalid(format!("node {id} is not a member")).with_status(404));
     }
