@@ -24,7 +24,8 @@
 # 10.231.0.0/24); with docker the containers rqj-n*, the network rqj-net (bridge rqjd0,
 # 10.232.0.0/24), one FORWARD rule and the image raftq-jepsen:local.
 # Without a matrix argument the whole matrix runs: every scenario, the netem ones (packet
-# delay, loss, reordering) included.
+# delay, loss, reordering) and the membership ones (membership-demote: a follower demoted to
+# learner for the fault window; membership-transfer: leadership moved every 1-2 s) included.
 # Results go to chaos-runs/<timestamp>/ in the repository: per scenario history.jsonl,
 # results.json and the node logs; summary.md holds the table.
 #

@@ -9,7 +9,8 @@
 //!   network namespaces with veth pairs, or containers on a private Docker network), behind
 //!   the [`hosts::Hosts`] trait.
 //! - [`nemesis`]: faults applied to the hosts: kills, pauses, partitions, packet delay, loss
-//!   and reordering.
+//!   and reordering; and membership changes through the cluster's API (a follower demoted to
+//!   learner, leadership transfers).
 //! - [`workload`]: clients that drive the cluster and record the history.
 //! - [`plot`]: a picture of a run (SVG): throughput and latency over time, faults shaded.
 

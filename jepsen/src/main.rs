@@ -11,7 +11,8 @@
 //! docker`: containers on a private Docker network; both need root), start three nodes, wait
 //! for a leader, create the workload's topic, then run the workload and the nemesis together for the
 //! duration. Then heal every fault, resume and start every node, wait for a leader that all
-//! nodes agree on, drain (queue) and read the whole topic through each node. The history goes
+//! nodes agree on, make every node a voter again (the membership faults demote nodes), drain
+//! (queue) and read the whole topic through each node. The history goes
 //! to `history.jsonl`, the checkers' reports to `results.json`, a picture of throughput and
 //! latency over time with the fault windows shaded to `timeline.svg`, and one table row to stdout.
 //!
@@ -494,7 +495,23 @@ async fn scenario_body<H: Hosts>(
             hosts.start(*id).await?;
         }
     }
-    let healed_leader = nemesis::await_agreed_leader(&http, &ids, LEADER_TIMEOUT).await;
+    let mut healed_leader = nemesis::await_agreed_leader(&http, &ids, LEADER_TIMEOUT).await;
+    // Every node a voter again (the membership scenarios demote nodes), so that every node
+    // takes part in the final phase as it did before the run.
+    if healed_leader.is_some() || scenario.changes_membership() {
+        match nemesis::heal_voters(&http, &history, scenario.name(), &ids).await {
+            Ok(false) => {}
+            Ok(true) => {
+                healed_leader = nemesis::await_agreed_leader(&http, &ids, LEADER_TIMEOUT).await;
+            }
+            Err(err) => {
+                notes.push(format!(
+                    "healing could not make every node a voter again: {err:#}"
+                ));
+                eprintln!("warning: {}", notes.last().map_or("", String::as_str));
+            }
+        }
+    }
     let (drain, final_reads) = match healed_leader {
         Some(leader) => {
             nemesis::say(&history, &format!("healed; leader {leader}; final phase"));

@@ -18,6 +18,8 @@
 //! | `netem-delay` | every node's packets delayed 20 ms ± 10 ms | heal |
 //! | `netem-loss` | 10 % of every node's packets dropped | heal |
 //! | `netem-reorder` | every node's packets delayed 20 ms ± 5 ms, a quarter of them sent at once, ahead of the others | heal |
+//! | `membership-demote` | one follower (a random one) demoted to learner: the voters are the other two | the voters are all nodes again |
+//! | `membership-transfer` | leadership moved to a random other voter (`transfer-leader`), again 1–2 s after each transfer | nothing to undo |
 //!
 //! The netem faults impair everything a node sends, to the other nodes and to the clients
 //! (see [`crate::hosts::Hosts::impair`]). They are sized so that the cluster keeps making
@@ -26,6 +28,13 @@
 //! interval (100 ms): a round trip between two nodes (twice the one-way delay) plus a
 //! follower's fsync must fit in it, or replication stalls until the impairment ends (with
 //! 50 ms ± 25 ms each way it does, completely).
+//!
+//! The membership faults are requests to the cluster's own API, sent to the leader (see
+//! [`membership`]); they change which nodes vote, never which nodes exist (a removed node id
+//! can never join again). With two voters of three the cluster still has a majority of its
+//! voters, so it keeps taking writes. Healing then makes every node a voter again
+//! ([`heal_voters`]; it changes nothing when they all are, and also repairs an undo that
+//! failed), so that every node takes part in the final reads as before the run.
 
 //! # The majorities ring with three nodes
 //! Links are cut in both directions (TCP needs both), so a "view" is a set of symmetric links.
@@ -49,8 +58,10 @@ use crate::history::{History, Op, OpResult, Phase, Process};
 use crate::hosts::{Hosts, Netem};
 use crate::workload::http::Http;
 
-/// Timeout of one `GET /v1/cluster` when looking for the leader.
-const CLUSTER_TIMEOUT: Duration = Duration::from_millis(1000);
+pub mod membership;
+
+/// How long undoing a demotion (or healing) may take to make every node a voter again.
+pub const VOTERS_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Which fault a run applies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, clap::ValueEnum)]
@@ -68,11 +79,13 @@ pub enum Scenario {
     NetemDelay,
     NetemLoss,
     NetemReorder,
+    MembershipDemote,
+    MembershipTransfer,
 }
 
 impl Scenario {
     /// Every scenario, in the matrix's order.
-    pub const ALL: [Scenario; 12] = [
+    pub const ALL: [Scenario; 14] = [
         Scenario::None,
         Scenario::KillLeader,
         Scenario::KillAll,
@@ -85,6 +98,8 @@ impl Scenario {
         Scenario::NetemDelay,
         Scenario::NetemLoss,
         Scenario::NetemReorder,
+        Scenario::MembershipDemote,
+        Scenario::MembershipTransfer,
     ];
 
     /// The name on the command line.
@@ -102,6 +117,8 @@ impl Scenario {
             Scenario::NetemDelay => "netem-delay",
             Scenario::NetemLoss => "netem-loss",
             Scenario::NetemReorder => "netem-reorder",
+            Scenario::MembershipDemote => "membership-demote",
+            Scenario::MembershipTransfer => "membership-transfer",
         }
     }
 
@@ -112,6 +129,7 @@ impl Scenario {
             Scenario::KillLeader | Scenario::KillAll => "kill -9",
             Scenario::PauseLeader => "SIGSTOP",
             Scenario::NetemDelay | Scenario::NetemLoss | Scenario::NetemReorder => "netem",
+            Scenario::MembershipDemote | Scenario::MembershipTransfer => "membership",
             _ => "partition",
         }
     }
@@ -137,6 +155,14 @@ impl Scenario {
             _ => return None,
         };
         Some(netem)
+    }
+
+    /// True for the scenarios that change the voters or the leader through the API.
+    pub fn changes_membership(self) -> bool {
+        matches!(
+            self,
+            Scenario::MembershipDemote | Scenario::MembershipTransfer
+        )
     }
 
     /// Default timing: the quiet time before each fault and how long a fault holds.
@@ -184,6 +210,12 @@ pub enum Fault {
     Partition { groups: Vec<Vec<u64>> },
     /// What these nodes send is impaired; undone by healing.
     Netem { nodes: Vec<u64>, netem: Netem },
+    /// `node` is demoted to learner: `voters` (the others) become the complete set of voters;
+    /// undone by making every node a voter again.
+    Demote { node: u64, voters: Vec<u64> },
+    /// While the fault holds, leadership moves to a random other voter of `voters`, again 1–2 s
+    /// after each transfer; nothing to undo.
+    Transfer { voters: Vec<u64> },
 }
 
 impl Fault {
@@ -194,6 +226,12 @@ impl Fault {
             Fault::Pause { nodes } => format!("pause {nodes:?}"),
             Fault::Partition { groups } => format!("partition {groups:?}"),
             Fault::Netem { nodes, netem } => format!("netem {nodes:?} {netem}"),
+            Fault::Demote { node, voters } => format!("demote {node} (voters {voters:?})"),
+            Fault::Transfer { voters } => format!(
+                "transfer-leader among {voters:?}, {}-{} ms apart",
+                membership::TRANSFER_EVERY_MS.start(),
+                membership::TRANSFER_EVERY_MS.end()
+            ),
         }
     }
 }
@@ -211,15 +249,10 @@ pub async fn find_leader(http: &Http) -> Option<u64> {
 
 /// Each answering node's `(term, leader_id)`.
 pub async fn cluster_views(http: &Http) -> BTreeMap<u64, (u64, Option<u64>)> {
-    let asks = http.ids().into_iter().map(|id| async move {
-        let status: Option<raftq_client::api::ClusterStatus> =
-            http.get_json(id, "/v1/cluster", CLUSTER_TIMEOUT).await;
-        status.map(|s| (id, (s.term, s.leader_id)))
-    });
-    futures::future::join_all(asks)
+    membership::statuses(http)
         .await
         .into_iter()
-        .flatten()
+        .map(|(id, s)| (id, (s.term, s.leader_id)))
         .collect()
 }
 
@@ -325,6 +358,12 @@ pub fn choose(
         order.extend(shuffled.iter().copied().filter(|id| *id != target));
         order
     };
+    // A follower: any node but the leader (a random one when no leader is known).
+    let follower = shuffled
+        .iter()
+        .copied()
+        .find(|id| Some(*id) != leader)
+        .unwrap_or(target);
     Some(match scenario {
         Scenario::None => return None,
         Scenario::KillLeader => Fault::Kill {
@@ -339,17 +378,9 @@ pub fn choose(
         Scenario::PartitionLeader => Fault::Partition {
             groups: isolate(ids, target),
         },
-        Scenario::PartitionOne => {
-            // A follower: any node but the leader (a random one when no leader is known).
-            let follower = shuffled
-                .iter()
-                .copied()
-                .find(|id| Some(*id) != leader)
-                .unwrap_or(target);
-            Fault::Partition {
-                groups: isolate(ids, follower),
-            }
-        }
+        Scenario::PartitionOne => Fault::Partition {
+            groups: isolate(ids, follower),
+        },
         Scenario::PartitionHalves => Fault::Partition {
             groups: halves(&shuffled),
         },
@@ -367,11 +398,26 @@ pub fn choose(
             nodes: ids.to_vec(),
             netem: scenario.netem()?,
         },
+        Scenario::MembershipDemote => Fault::Demote {
+            node: follower,
+            voters: membership::without(ids, follower),
+        },
+        Scenario::MembershipTransfer => {
+            let mut voters = ids.to_vec();
+            voters.sort_unstable();
+            Fault::Transfer { voters }
+        }
     })
 }
 
-/// Applies `fault`.
-pub async fn apply<H: Hosts>(hosts: &H, fault: &Fault) -> anyhow::Result<()> {
+/// Applies `fault`; a membership change is given up on after `bound`. Returns what is worth
+/// adding to the fault's description (empty for most faults).
+pub async fn apply<H: Hosts>(
+    hosts: &H,
+    http: &Http,
+    fault: &Fault,
+    bound: Duration,
+) -> anyhow::Result<String> {
     match fault {
         Fault::Kill { nodes } => {
             // All at once: the kills run concurrently (SIGKILL is sent before any reaping).
@@ -387,12 +433,21 @@ pub async fn apply<H: Hosts>(hosts: &H, fault: &Fault) -> anyhow::Result<()> {
         }
         Fault::Partition { groups } => hosts.partition(groups).await?,
         Fault::Netem { nodes, netem } => hosts.impair(nodes, netem).await?,
+        Fault::Demote { voters, .. } => {
+            let done = membership::ensure_voters(http, voters, Instant::now() + bound).await?;
+            return Ok(format!(
+                "; voters {voters:?} (were {:?}; leader {})",
+                done.before, done.leader
+            ));
+        }
+        // The transfers happen while the fault holds.
+        Fault::Transfer { .. } => {}
     }
-    Ok(())
+    Ok(String::new())
 }
 
-/// Undoes `fault`.
-pub async fn undo<H: Hosts>(hosts: &H, fault: &Fault) -> anyhow::Result<()> {
+/// Undoes `fault`. Returns what is worth adding to the description (empty for most faults).
+pub async fn undo<H: Hosts>(hosts: &H, http: &Http, fault: &Fault) -> anyhow::Result<String> {
     match fault {
         Fault::Kill { nodes } => {
             for id in nodes {
@@ -405,8 +460,17 @@ pub async fn undo<H: Hosts>(hosts: &H, fault: &Fault) -> anyhow::Result<()> {
             }
         }
         Fault::Partition { .. } | Fault::Netem { .. } => hosts.heal().await?,
+        Fault::Demote { node, voters } => {
+            let mut all = voters.clone();
+            all.push(*node);
+            all.sort_unstable();
+            let done =
+                membership::ensure_voters(http, &all, Instant::now() + VOTERS_TIMEOUT).await?;
+            return Ok(format!("; voters {all:?} again (leader {})", done.leader));
+        }
+        Fault::Transfer { .. } => {}
     }
-    Ok(())
+    Ok(String::new())
 }
 
 /// One fault as the run applied it, for the results file.
@@ -421,6 +485,9 @@ pub struct Applied {
     /// Why applying or undoing it failed, if it did.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The leadership transfers made while it held (`membership-transfer`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub moves: Vec<membership::Move>,
 }
 
 /// The nodes a fault touches: killed, paused or impaired ones; for a partition, every node
@@ -430,6 +497,8 @@ pub fn targets(fault: &Fault, ids: &[u64]) -> Vec<u64> {
         Fault::Kill { nodes } | Fault::Pause { nodes } | Fault::Netem { nodes, .. } => {
             nodes.clone()
         }
+        Fault::Demote { node, .. } => vec![*node],
+        Fault::Transfer { voters } => voters.clone(),
         Fault::Partition { groups } => ids
             .iter()
             .copied()
@@ -477,10 +546,13 @@ pub async fn run<H: Hosts>(
             Op::fault(name, Phase::Start, touched.clone()),
         );
         let mut error = None;
-        match apply(hosts, &fault).await {
-            Ok(()) => {
+        match apply(hosts, http, &fault, timing.hold).await {
+            Ok(extra) => {
+                if !extra.is_empty() {
+                    say(history, &format!("applied {name}{extra}"));
+                }
                 handle.ok(OpResult::Fault {
-                    detail: detail.clone(),
+                    detail: format!("{detail}{extra}"),
                 });
             }
             Err(err) => {
@@ -489,17 +561,37 @@ pub async fn run<H: Hosts>(
                 handle.info(format!("{err:#}"));
             }
         }
-        tokio::time::sleep(timing.hold).await;
+        let hold_end = Instant::now() + timing.hold;
+        let moves = match &fault {
+            Fault::Transfer { voters } => {
+                membership::transfers(http, history, voters, hold_end, &mut rng).await
+            }
+            _ => {
+                tokio::time::sleep_until(hold_end.into()).await;
+                Vec::new()
+            }
+        };
+        let made = moves.iter().filter(|m| m.error.is_none()).count();
+        if matches!(fault, Fault::Transfer { .. }) && made == 0 {
+            error.get_or_insert_with(|| "no leadership transfer succeeded".to_string());
+        }
         let handle = history.invoke(
             Process::Nemesis,
             None,
             Op::fault(name, Phase::Stop, touched),
         );
-        match undo(hosts, &fault).await {
-            Ok(()) => {
-                handle.ok(OpResult::Fault {
-                    detail: format!("undone: {}", fault.describe()),
-                });
+        match undo(hosts, http, &fault).await {
+            Ok(extra) => {
+                let mut detail = format!("undone: {}{extra}", fault.describe());
+                if matches!(fault, Fault::Transfer { .. }) {
+                    let listed: Vec<String> = moves.iter().map(|m| m.describe()).collect();
+                    detail.push_str(&format!(
+                        "; {} transfers, {made} ok: {}",
+                        moves.len(),
+                        listed.join(", ")
+                    ));
+                }
+                handle.ok(OpResult::Fault { detail });
             }
             Err(err) => {
                 say(history, &format!("cannot undo {name}: {err:#}"));
@@ -514,9 +606,58 @@ pub async fn run<H: Hosts>(
             start_ms,
             stop_ms: Some(history.elapsed_us() / 1000),
             error,
+            moves,
         });
     }
     applied
+}
+
+/// Healing's part for the membership: makes every node of `ids` a voter again (bounded by
+/// [`VOTERS_TIMEOUT`]). Returns whether the voters had to change; when they did, or when they
+/// could not be restored, it is recorded in the history as a stop of the fault `name`.
+pub async fn heal_voters(
+    http: &Http,
+    history: &History,
+    name: &str,
+    ids: &[u64],
+) -> anyhow::Result<bool> {
+    let result = membership::ensure_voters(http, ids, Instant::now() + VOTERS_TIMEOUT).await;
+    match &result {
+        Ok(ensured) if !ensured.changed => {}
+        Ok(ensured) => {
+            let detail = format!(
+                "healing: voters {:?} again (were {:?}; leader {})",
+                ids, ensured.before, ensured.leader
+            );
+            say(history, &detail);
+            let missing = ids
+                .iter()
+                .copied()
+                .filter(|id| !ensured.before.contains(id))
+                .collect();
+            history
+                .invoke(
+                    Process::Nemesis,
+                    None,
+                    Op::fault(name, Phase::Stop, missing),
+                )
+                .ok(OpResult::Fault { detail });
+        }
+        Err(err) => {
+            say(
+                history,
+                &format!("healing: cannot make {ids:?} voters: {err:#}"),
+            );
+            history
+                .invoke(
+                    Process::Nemesis,
+                    None,
+                    Op::fault(name, Phase::Stop, ids.to_vec()),
+                )
+                .info(format!("healing: cannot make {ids:?} voters: {err:#}"));
+        }
+    }
+    result.map(|ensured| ensured.changed)
 }
 
 fn show(node: Option<u64>) -> String {
@@ -679,5 +820,74 @@ mod tests {
             Scenario::ALL.iter().map(|s| s.name()).collect();
         assert_eq!(names.len(), Scenario::ALL.len());
         assert!(names.contains("partition-one") && names.contains("netem-reorder"));
+        assert!(names.contains("membership-demote") && names.contains("membership-transfer"));
+    }
+
+    #[test]
+    fn demote_takes_a_follower_out_of_the_voters() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(13);
+        let ids = [1, 2, 3];
+        let mut demoted = std::collections::BTreeSet::new();
+        for _ in 0..50 {
+            let Some(Fault::Demote { node, voters }) =
+                choose(Scenario::MembershipDemote, &ids, Some(3), &mut rng)
+            else {
+                panic!("membership-demote is a demotion");
+            };
+            assert_ne!(node, 3, "the leader was demoted");
+            assert_eq!(voters.len(), 2, "{voters:?}");
+            assert!(!voters.contains(&node) && voters.contains(&3), "{voters:?}");
+            let fault = Fault::Demote {
+                node,
+                voters: voters.clone(),
+            };
+            assert_eq!(targets(&fault, &ids), vec![node]);
+            assert_eq!(
+                fault.describe(),
+                format!("demote {node} (voters {voters:?})")
+            );
+            demoted.insert(node);
+        }
+        assert_eq!(demoted.into_iter().collect::<Vec<_>>(), vec![1, 2]);
+        // No leader known: still one node out of three.
+        let Some(Fault::Demote { voters, .. }) =
+            choose(Scenario::MembershipDemote, &ids, None, &mut rng)
+        else {
+            panic!("membership-demote is a demotion");
+        };
+        assert_eq!(voters.len(), 2);
+        assert!(Scenario::MembershipDemote.changes_membership());
+        assert!(!Scenario::PartitionOne.changes_membership());
+    }
+
+    #[test]
+    fn transfer_moves_among_every_node() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(17);
+        let fault = choose(Scenario::MembershipTransfer, &[3, 1, 2], Some(1), &mut rng);
+        assert_eq!(
+            fault,
+            Some(Fault::Transfer {
+                voters: vec![1, 2, 3]
+            })
+        );
+        let fault = fault.unwrap_or(Fault::Kill { nodes: vec![] });
+        assert_eq!(targets(&fault, &[1, 2, 3]), vec![1, 2, 3]);
+        assert!(fault
+            .describe()
+            .starts_with("transfer-leader among [1, 2, 3]"));
+        for scenario in [Scenario::MembershipDemote, Scenario::MembershipTransfer] {
+            assert_eq!(scenario.fault(), "membership");
+            assert_eq!(scenario.netem(), None);
+        }
+        // The fault as the results file shows it.
+        let json = serde_json::to_value(Fault::Demote {
+            node: 2,
+            voters: vec![1, 3],
+        })
+        .unwrap_or_default();
+        assert_eq!(
+            json,
+            serde_json::json!({"kind": "demote", "node": 2, "voters": [1, 3]})
+        );
     }
 }
