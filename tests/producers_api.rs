@@ -22,29 +22,13 @@ fn batch(producer: &str, sequence: u64, values: &[&str]) -> Value {
 
 /// `POST {path}` with a JSON body to the leader.
 async fn post(c: &Cluster, path: &str, body: &Value) -> reqwest::Response {
-    let leader = c.wait_leader(Duration::from_secs(20)).await;
-    let url = format!("{}{path}", c.url(leader));
-    c.send(c.http().post(url).json(body), &format!("POST {path}"))
-        .await
+    c.post_to_leader(path, body).await
 }
 
 async fn publish(c: &Cluster, topic: &str, body: &Value) -> PublishResponse {
     let what = format!("publish {body} to {topic}");
     let resp = post(c, &format!("/v1/topics/{topic}/records"), body).await;
     c.json_of(resp, 200, &what).await
-}
-
-async fn put(c: &Cluster, path: &str, body: &Value) {
-    let leader = c.wait_leader(Duration::from_secs(20)).await;
-    let url = format!("{}{path}", c.url(leader));
-    let resp = c
-        .send(c.http().put(url).json(body), &format!("PUT {path}"))
-        .await;
-    let status = resp.status().as_u16();
-    if status != 200 && status != 201 {
-        let text = resp.text().await.unwrap_or_default();
-        c.fail(&format!("PUT {path} answered {status}: {text}"));
-    }
 }
 
 /// Every record of `topic` as node `id` serves it.
@@ -79,7 +63,7 @@ async fn converge(c: &Cluster, index: u64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idempotent_publish_deduplicates_across_leader_kill_and_full_restart() {
     let c = Cluster::start(3).await;
-    put(&c, "/v1/topics/orders", &json!({})).await;
+    c.put_json("/v1/topics/orders", &json!({})).await;
 
     let first = publish(&c, "orders", &batch("p-1", 0, &["a", "b"])).await;
     assert_eq!(
@@ -187,16 +171,14 @@ fn sub_delta(after: &SubscriptionReport, before: &SubscriptionReport) -> [u64; 7
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reports_subtract_to_exactly_what_a_workload_did() {
     let c = Cluster::start(3).await;
-    put(&c, "/v1/topics/jobs", &json!({})).await;
-    put(&c, "/v1/topics/jobs.dlq", &json!({})).await;
-    put(
-        &c,
+    c.put_json("/v1/topics/jobs", &json!({})).await;
+    c.put_json("/v1/topics/jobs.dlq", &json!({})).await;
+    c.put_json(
         "/v1/topics/jobs/subscriptions/main",
         &json!({"dead_letter_topic": "jobs.dlq"}),
     )
     .await;
-    put(
-        &c,
+    c.put_json(
         "/v1/topics/jobs/subscriptions/strict",
         &json!({"max_deliveries": 1}),
     )
@@ -331,7 +313,7 @@ async fn reports_subtract_to_exactly_what_a_workload_did() {
 async fn a_broadcast_is_in_every_named_topic_at_one_commit_point_or_in_none() {
     let c = Cluster::start(3).await;
     for t in ["a", "b", "c"] {
-        put(&c, &format!("/v1/topics/{t}"), &json!({})).await;
+        c.put_json(&format!("/v1/topics/{t}"), &json!({})).await;
     }
     publish(&c, "b", &batch("p", 0, &["x", "y"])).await;
 

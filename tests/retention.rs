@@ -10,29 +10,8 @@ use common::Cluster;
 use raftq_client::api::{ReadResponse, TopicInfo, TopicReport};
 use serde_json::{json, Value};
 
-async fn put(c: &Cluster, path: &str, body: &Value) {
-    let leader = c.wait_leader(Duration::from_secs(20)).await;
-    let resp = c
-        .send(
-            c.http().put(format!("{}{path}", c.url(leader))).json(body),
-            &format!("PUT {path}"),
-        )
-        .await;
-    let status = resp.status().as_u16();
-    if status != 200 && status != 201 {
-        let text = resp.text().await.unwrap_or_default();
-        c.fail(&format!("PUT {path} answered {status}: {text}"));
-    }
-}
-
 async fn post(c: &Cluster, path: &str, body: &Value) -> Value {
-    let leader = c.wait_leader(Duration::from_secs(20)).await;
-    let resp = c
-        .send(
-            c.http().post(format!("{}{path}", c.url(leader))).json(body),
-            &format!("POST {path}"),
-        )
-        .await;
+    let resp = c.post_to_leader(path, body).await;
     c.json_of(resp, 200, &format!("POST {path} {body}")).await
 }
 
@@ -72,20 +51,16 @@ fn values(range: std::ops::Range<u64>) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn count_and_bytes_limits_trim_the_front_and_reads_report_skipped() {
     let c = Cluster::start(3).await;
-    put(
-        &c,
+    c.put_json(
         "/v1/topics/last5",
         &json!({"retention": {"max_records": 5}}),
     )
     .await;
-    put(&c, "/v1/topics/last5/subscriptions/slow", &json!({})).await;
+    c.put_json("/v1/topics/last5/subscriptions/slow", &json!({}))
+        .await;
     // Every value is 5 bytes: 20 bytes hold 4 records.
-    put(
-        &c,
-        "/v1/topics/small",
-        &json!({"retention": {"max_bytes": 20}}),
-    )
-    .await;
+    c.put_json("/v1/topics/small", &json!({"retention": {"max_bytes": 20}}))
+        .await;
     publish(&c, "last5", &values(0..8)).await;
     publish(&c, "last5", &values(8..12)).await;
     publish(&c, "small", &values(0..10)).await;
@@ -135,14 +110,15 @@ async fn count_and_bytes_limits_trim_the_front_and_reads_report_skipped() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn until_acked_removes_what_every_subscription_finished() {
     let c = Cluster::start(3).await;
-    put(
-        &c,
+    c.put_json(
         "/v1/topics/jobs",
         &json!({"retention": {"until_acked": true}}),
     )
     .await;
-    put(&c, "/v1/topics/jobs/subscriptions/a", &json!({})).await;
-    put(&c, "/v1/topics/jobs/subscriptions/b", &json!({})).await;
+    c.put_json("/v1/topics/jobs/subscriptions/a", &json!({}))
+        .await;
+    c.put_json("/v1/topics/jobs/subscriptions/b", &json!({}))
+        .await;
     publish(&c, "jobs", &values(0..10)).await;
 
     let ack_first = |sub: &'static str, n: u64| {
@@ -192,8 +168,7 @@ async fn until_acked_removes_what_every_subscription_finished() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_age_out_on_an_idle_topic() {
     let c = Cluster::start(3).await;
-    put(
-        &c,
+    c.put_json(
         "/v1/topics/fresh",
         &json!({"retention": {"max_age_ms": 1500}}),
     )

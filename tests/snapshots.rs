@@ -15,21 +15,6 @@ use raftq_client::api::{
 use raftq_client::Client;
 use serde_json::{json, Value};
 
-async fn put(c: &Cluster, path: &str, body: &Value) {
-    let leader = c.wait_leader(Duration::from_secs(20)).await;
-    let resp = c
-        .send(
-            c.http().put(format!("{}{path}", c.url(leader))).json(body),
-            &format!("PUT {path}"),
-        )
-        .await;
-    let status = resp.status().as_u16();
-    if status != 200 && status != 201 {
-        let text = resp.text().await.unwrap_or_default();
-        c.fail(&format!("PUT {path} answered {status}: {text}"));
-    }
-}
-
 /// Publishes `count` records of `size` bytes in batches of `batch`, numbered from `start`.
 async fn publish(c: &Cluster, client: &Client, topic: &str, start: u64, count: u64, size: usize) {
     let batch = 500;
@@ -76,15 +61,14 @@ async fn drain(c: &Cluster, client: &Client, topic: &str, sub: &str, count: u64)
 async fn a_follower_catches_up_by_snapshot_and_matches_the_leader_exactly() {
     let c = Cluster::start_with(3, &["--snapshot-logs", "40", "--snapshot-keep-logs", "5"]).await;
     let client = c.client();
-    put(
-        &c,
+    c.put_json(
         "/v1/topics/work",
         &json!({"retention": {"until_acked": true}}),
     )
     .await;
-    put(&c, "/v1/topics/work/subscriptions/w", &json!({})).await;
-    put(
-        &c,
+    c.put_json("/v1/topics/work/subscriptions/w", &json!({}))
+        .await;
+    c.put_json(
         "/v1/topics/log",
         &json!({"retention": {"max_records": 1000}}),
     )
@@ -243,13 +227,9 @@ async fn a_publish_then_ack_work_queue_keeps_the_data_directory_bounded() {
     )
     .await;
     let client = c.client();
-    put(
-        &c,
-        "/v1/topics/q",
-        &json!({"retention": {"until_acked": true}}),
-    )
-    .await;
-    put(&c, "/v1/topics/q/subscriptions/w", &json!({})).await;
+    c.put_json("/v1/topics/q", &json!({"retention": {"until_acked": true}}))
+        .await;
+    c.put_json("/v1/topics/q/subscriptions/w", &json!({})).await;
 
     let record = 1024;
     let per_cycle = 1_024; // 1 MiB per cycle

@@ -695,6 +695,29 @@ impl Cluster {
         }
     }
 
+    /// `POST {path}` with a JSON body to the current leader; the raw answer.
+    pub async fn post_to_leader(&self, path: &str, body: &Value) -> reqwest::Response {
+        let leader = self.wait_leader(Duration::from_secs(20)).await;
+        let url = format!("{}{path}", self.url(leader));
+        self.send(self.http.post(url).json(body), &format!("POST {path}"))
+            .await
+    }
+
+    /// `PUT {path}` with a JSON body on the current leader, expecting 200 or 201 (creating a
+    /// topic or a subscription).
+    pub async fn put_json(&self, path: &str, body: &Value) {
+        let leader = self.wait_leader(Duration::from_secs(20)).await;
+        let url = format!("{}{path}", self.url(leader));
+        let resp = self
+            .send(self.http.put(url).json(body), &format!("PUT {path}"))
+            .await;
+        let status = resp.status().as_u16();
+        if status != 200 && status != 201 {
+            let text = resp.text().await.unwrap_or_default();
+            self.fail(&format!("PUT {path} answered {status}: {text}"));
+        }
+    }
+
     /// `GET {path}` on node `id`, expecting 200 and a JSON body of type `T`.
     pub async fn get_json<T: DeserializeOwned>(&self, id: u64, path: &str) -> T {
         let what = format!("GET {path} on node {id}");
