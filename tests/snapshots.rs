@@ -62,11 +62,11 @@ async fn a_follower_catches_up_by_snapshot_and_matches_the_leader_exactly() {
     let c = Cluster::start_with(3, &["--snapshot-logs", "40", "--snapshot-keep-logs", "5"]).await;
     let client = c.client();
     c.put_json(
-        "/v1/topics/work",
+        "/v1/topics/tasks",
         &json!({"retention": {"until_acked": true}}),
     )
     .await;
-    c.put_json("/v1/topics/work/subscriptions/w", &json!({}))
+    c.put_json("/v1/topics/tasks/subscriptions/w", &json!({}))
         .await;
     c.put_json(
         "/v1/topics/log",
@@ -78,8 +78,8 @@ async fn a_follower_catches_up_by_snapshot_and_matches_the_leader_exactly() {
     c.kill(follower);
     // 50,000 records published, all acked (so until_acked removes them), plus a topic
     // trimmed by count, and an idempotent producer whose sequence must survive.
-    publish(&c, &client, "work", 0, 50_000, 16).await;
-    drain(&c, &client, "work", "w", 50_000).await;
+    publish(&c, &client, "tasks", 0, 50_000, 16).await;
+    drain(&c, &client, "tasks", "w", 50_000).await;
     publish(&c, &client, "log", 0, 5_000, 16).await;
     for seq in 0..3 {
         let resp = c
@@ -98,7 +98,10 @@ async fn a_follower_catches_up_by_snapshot_and_matches_the_leader_exactly() {
         let _: Value = c.json_of(resp, 200, "idempotent publish").await;
     }
     let leader = c.leader_id().await;
-    let info: TopicInfo = c.topic(leader, "work").await.unwrap_or_else(|e| c.fail(&e));
+    let info: TopicInfo = c
+        .topic(leader, "tasks")
+        .await
+        .unwrap_or_else(|e| c.fail(&e));
     assert_eq!(
         (info.summary.first_offset, info.summary.next_offset),
         (50_000, 50_000),
