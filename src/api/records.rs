@@ -31,22 +31,23 @@ fn query_pairs(raw: &Option<String>) -> Vec<(String, String)> {
         .unwrap_or_default()
 }
 
-pub(super) fn convert(i: usize, r: RecordIn) -> Result<NewRecord, ApiError> {
+/// Turns a record as published into a log record; `what` names it in errors ("record 3").
+pub(super) fn convert(what: &str, r: RecordIn) -> Result<NewRecord, ApiError> {
     let value = match (r.value, r.value_b64) {
         (Some(v), None) => v.into_bytes(),
         (None, Some(b)) => base64::engine::general_purpose::STANDARD
             .decode(b.as_bytes())
             .map_err(|e| {
-                ApiError::invalid(format!("record {i}: value_b64 is not valid base64: {e}"))
+                ApiError::invalid(format!("{what}: value_b64 is not valid base64: {e}"))
             })?,
         (Some(_), Some(_)) => {
             return Err(ApiError::invalid(format!(
-                "record {i} has both value and value_b64; send exactly one"
+                "{what} has both value and value_b64; send exactly one"
             )))
         }
         (None, None) => {
             return Err(ApiError::invalid(format!(
-                "record {i} has neither value nor value_b64"
+                "{what} has neither value nor value_b64"
             )))
         }
     };
@@ -117,7 +118,7 @@ pub async fn publish(
         req.records
             .into_iter()
             .enumerate()
-            .map(|(i, r)| convert(i, r))
+            .map(|(i, r)| convert(&format!("record {i}"), r))
             .collect::<Result<Vec<_>, _>>()?
     } else {
         return Err(ApiError::invalid(format!(

@@ -133,7 +133,7 @@ pub async fn broadcast(
     // A marker without a value carries an empty one: its point is in the headers.
     let value_given = req.value.is_some() || req.value_b64.is_some();
     let record = super::records::convert(
-        0,
+        "the marker",
         RecordIn {
             value: if value_given {
                 req.value
@@ -144,8 +144,7 @@ pub async fn broadcast(
             key: req.key,
             headers: req.headers,
         },
-    )
-    .map_err(|e| ApiError::invalid(e.problem.detail.replacen("record 0", "the marker", 1)))?;
+    )?;
     let (outcome, cp) = node
         .propose(
             &uri,
