@@ -11,6 +11,7 @@
 //! when every record was committed, 1 when any failed or has an unknown outcome, and 130 when
 //! interrupted.
 
+pub mod bench;
 pub mod cluster;
 
 use std::io::{self, BufRead, IsTerminal, Write};
@@ -138,8 +139,9 @@ pub struct PublishArgs {
     /// Most records per batch.
     #[arg(long, default_value_t = 1_000, value_name = "N")]
     pub batch: usize,
-    /// How long a batch waits for more records, in milliseconds.
-    #[arg(long, default_value_t = 5, value_name = "MS")]
+    /// How long a batch waits for more records, in milliseconds (it keeps filling anyway while
+    /// `--in-flight` batches are out).
+    #[arg(long, default_value_t = 0, value_name = "MS")]
     pub linger_ms: u64,
     /// Most batches in flight at once.
     #[arg(long, default_value_t = 5, value_name = "N")]

@@ -73,6 +73,55 @@ mod tests {
         assert_eq!(back, v);
     }
 
+    /// `StoredRecord` and `NewRecord` as they were before their values were encoded as bytes:
+    /// what is on disk and in logs from then on must read back the same.
+    #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+    struct PlainRecord {
+        timestamp_ms: u64,
+        key: Option<String>,
+        headers: Vec<(String, String)>,
+        value: Vec<u8>,
+    }
+
+    #[test]
+    fn record_values_as_bytes_keep_the_old_encoding() {
+        use crate::state::{NewRecord, StoredRecord};
+        // Around the varint length boundaries, and large.
+        for len in [0usize, 1, 250, 251, 252, 65_535, 65_536, 70_000] {
+            let value: Vec<u8> = (0..len).map(|i| (i * 7 + 3) as u8).collect();
+            let plain = PlainRecord {
+                timestamp_ms: 1_700_000_000_123,
+                key: Some("k".into()),
+                headers: vec![("h".into(), "v".into())],
+                value: value.clone(),
+            };
+            let stored = StoredRecord {
+                timestamp_ms: plain.timestamp_ms,
+                key: plain.key.clone(),
+                headers: plain.headers.clone(),
+                value: value.clone(),
+            };
+            let old = encode(&plain).unwrap();
+            assert_eq!(encode(&stored).unwrap(), old, "value of {len} bytes");
+            assert_eq!(decode::<StoredRecord>(&old).unwrap(), stored);
+            assert_eq!(
+                decode::<PlainRecord>(&encode(&stored).unwrap()).unwrap(),
+                plain
+            );
+            let new = NewRecord {
+                key: None,
+                headers: vec![],
+                value: value.clone(),
+            };
+            let plain_new = (None::<String>, Vec::<(String, String)>::new(), value);
+            assert_eq!(encode(&new).unwrap(), encode(&plain_new).unwrap());
+        }
+        // A value claiming more bytes than the limit is refused, not allocated.
+        let mut bomb = encode(&(0u64, None::<String>, Vec::<(String, String)>::new())).unwrap();
+        bomb.extend(encode(&(1u64 << 60)).unwrap());
+        assert!(decode_limited::<StoredRecord>(&bomb, 1 << 20).is_err());
+    }
+
     #[test]
     fn garbage_and_bombs_are_errors_not_panics() {
         // A length prefix claiming 2^60 bytes must be refused by the limit, not allocated.

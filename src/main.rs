@@ -29,6 +29,9 @@ enum Cmd {
     Publish(raftq::cli::PublishArgs),
     /// Print the counters of a topic (or of every topic) as of a commit point.
     Report(raftq::cli::ReportArgs),
+    /// Measure a running cluster: durable publish (P1), consume and ack (P2), latency (P3),
+    /// stream fan-out (P4).
+    Bench(raftq::cli::bench::BenchArgs),
     /// See and change the cluster: status, add, promote, remove, transfer-leader, snapshot.
     Cluster(raftq::cli::cluster::ClusterArgs),
 }
@@ -63,6 +66,7 @@ fn main() -> std::process::ExitCode {
         Cmd::Publish(args) => return raftq::cli::publish(args),
         Cmd::Report(args) => return raftq::cli::report(args),
         Cmd::Cluster(args) => return raftq::cli::cluster::cluster(args),
+        Cmd::Bench(args) => return raftq::cli::bench::bench(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

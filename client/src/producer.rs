@@ -8,9 +8,11 @@
 //!    the record the next **local sequence number** (0, 1, 2, … per producer; continued across
 //!    restarts with a spool) and adds it to the open batch.
 //! 2. The open batch is sealed when it holds `max_batch_records` records or `max_batch_bytes`
-//!    bytes (JSON-encoded), when `linger` has passed since its first record, or on
-//!    [`Producer::flush`] and [`Producer::close`]. Sealing gives it the next **batch
-//!    sequence**. With a spool, the batch is appended to the spool file and fsynced now, and
+//!    bytes (JSON-encoded), when `linger` has passed since its first record and the batch could
+//!    be sent at once (while `max_in_flight` sealed batches are waiting or in flight, it keeps
+//!    filling: batches grow with the load, with no timer; with a spool it is sealed at `linger`
+//!    regardless), or on [`Producer::flush`] and [`Producer::close`]. Sealing gives it the next
+//!    **batch sequence**. With a spool, the batch is appended to the spool file and fsynced now, and
 //!    only then does `send` return: the record is *accepted*. Without one, `send` returns as
 //!    soon as the record is in the buffer.
 //! 3. Up to `max_in_flight` batches are published at once, in sequence order. The server
@@ -93,8 +95,10 @@ use crate::spool::{Op, Spool};
 use crate::transport::jittered;
 use crate::{Client, Error};
 
-/// Default time a batch waits for more records after its first one.
-pub const DEFAULT_LINGER: Duration = Duration::from_millis(5);
+/// Default time a batch waits for more records after its first one: none. A batch is sealed
+/// at once only when it can be sent at once; while the pipeline is full it keeps filling, so
+/// batches grow with the load without a timer adding latency when the load is light.
+pub const DEFAULT_LINGER: Duration = Duration::ZERO;
 /// Default most records per batch.
 pub const DEFAULT_MAX_BATCH_RECORDS: usize = 1_000;
 /// Default most bytes (JSON-encoded records) per batch.
@@ -1140,7 +1144,13 @@ impl Driver {
                 }
                 return Exit::Closed;
             }
-            let linger_at = self.open_since.map(|since| since + self.linger);
+            // While a full pipeline's worth of batches waits or is in flight, a sealed batch
+            // could not go anyway: the open one keeps filling (an adaptive linger). With a
+            // spool, sealing is what makes records safe, so it is never put off.
+            let linger_at = self
+                .open_since
+                .filter(|_| self.spooled || self.pipeline_has_room())
+                .map(|since| since + self.linger);
             let event = tokio::select! {
                 joined = self.tasks.join_next_with_id(), if !self.tasks.is_empty() => {
                     Event::Attempt(joined)
@@ -1191,6 +1201,15 @@ impl Driver {
             }
         }
         None
+    }
+
+    /// True when fewer than `max_in_flight` sealed batches are waiting to be sent or in flight.
+    fn pipeline_has_room(&self) -> bool {
+        self.slots
+            .iter()
+            .filter(|slot| !matches!(slot.state, SlotState::Committed | SlotState::Refused))
+            .count()
+            < self.max_in_flight
     }
 
     /// Adds a record to the open batch, sealing it when full.

@@ -397,6 +397,37 @@ async fn a_batch_waits_for_the_linger_before_it_is_sent() {
 }
 
 #[tokio::test]
+async fn while_the_pipeline_is_full_the_open_batch_keeps_filling() {
+    // Every request waits at the gate: batch 0 holds the only pipeline slot meanwhile.
+    let fake = Fake::start(|_, _| Plan::WaitGate).await;
+    let options = ProducerOptions::new()
+        .max_in_flight(1)
+        .linger(Duration::ZERO);
+    let producer = Producer::open(fake.client(), "t", options).await.unwrap();
+    let first = producer.send(RecordIn::text("a")).await.unwrap();
+    fake.wait_for("batch 0 sent", |m| m.seen.len() == 1).await;
+    // One at a time, with pauses: each record finds the previous one's batch still open.
+    let rest = values("r", 9);
+    let mut deliveries = Vec::new();
+    for record in records(&rest) {
+        deliveries.push(producer.send(record).await.unwrap());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // A linger of zero seals a batch at once only when it could be sent at once.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(fake.seen().len(), 1, "nothing more could be sent meanwhile");
+    fake.open_gate();
+    assert_eq!(outcome(first).await, Ok(0));
+    let expected: Vec<Result<u64, SendError>> = (1..10).map(Ok).collect();
+    assert_eq!(offsets(deliveries).await, expected);
+    assert_eq!(
+        batches(&fake),
+        vec![(0, 1), (1, 9)],
+        "the records sent while batch 0 was in flight went out together"
+    );
+}
+
+#[tokio::test]
 async fn batches_that_overtake_each_other_are_resent_after_a_sequence_gap_and_stay_in_order() {
     // Batch 0's first request is slow, so batches 1 to 3 reach the node first and are
     // answered sequence_gap.

@@ -13,6 +13,9 @@ use super::{ApplyError, CommandResult, Outcome, SmState, TopicMeta, Write};
 pub struct NewRecord {
     pub key: Option<String>,
     pub headers: Vec<(String, String)>,
+    /// Encoded as one length and the raw bytes (the same bytes bincode writes for a plain
+    /// `Vec<u8>`, which it writes and reads one element at a time).
+    #[serde(with = "serde_bytes")]
     pub value: Vec<u8>,
 }
 
@@ -24,6 +27,8 @@ pub struct StoredRecord {
     pub timestamp_ms: u64,
     pub key: Option<String>,
     pub headers: Vec<(String, String)>,
+    /// As in [`NewRecord`].
+    #[serde(with = "serde_bytes")]
     pub value: Vec<u8>,
 }
 

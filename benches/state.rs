@@ -1,0 +1,249 @@
+//! Micro-benchmarks of the state machine's apply, per command family, and of the codec that
+//! writes log entries and records.
+//!
+//!     cargo bench --bench state              (all)
+//!     cargo bench --bench state -- apply/    (one group)
+//!
+//! Every figure is for one Raft entry as the proposer builds it under load: 64 client commands
+//! of one 1 KiB record each, or one command carrying 64 records, or 64 receipts.
+
+use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+use raftq::codec;
+use raftq::state::{
+    apply_entry, pending_record, Batch, Command, CreateSub, CreateTopic, LogPayload, NewRecord,
+    Outcome, ProducerSeq, Publish, Pull, ReceiptAction, RecordSource, SetCursor, SettleReceipts,
+    SmState, Start, StoredRecord, SubRef, SubSettings, TopicSettings, Write,
+};
+
+const TOPIC: &str = "bench";
+const SUB: &str = "workers";
+const RECORDS: usize = 64;
+
+/// Records come only from the writes of the apply in progress: nothing is stored.
+struct Pending;
+
+impl RecordSource for Pending {
+    fn record(&self, pending: &[Write], topic_id: u64, offset: u64) -> Option<StoredRecord> {
+        pending_record(pending, topic_id, offset)
+    }
+}
+
+fn record(i: usize) -> NewRecord {
+    let mut value = vec![0u8; 1024];
+    for (j, b) in value.iter_mut().enumerate() {
+        *b = (i * 31 + j * 7) as u8;
+    }
+    NewRecord {
+        key: None,
+        headers: vec![],
+        value,
+    }
+}
+
+fn publish(records: Vec<NewRecord>, producer: Option<ProducerSeq>) -> Command {
+    Command::Publish(Publish {
+        topic: TOPIC.to_string(),
+        records,
+        producer,
+    })
+}
+
+fn batch(commands: Vec<Command>) -> Batch {
+    Batch {
+        time_ms: 1_700_000_000_000,
+        commands,
+    }
+}
+
+/// 64 publish commands of one record each.
+fn publishes() -> Batch {
+    batch(
+        (0..RECORDS)
+            .map(|i| publish(vec![record(i)], None))
+            .collect(),
+    )
+}
+
+fn sub_ref() -> SubRef {
+    SubRef {
+        topic: TOPIC.to_string(),
+        name: SUB.to_string(),
+    }
+}
+
+/// Applies `batch` at `index`; panics on a refused command, so a broken setup cannot pass
+/// for a fast apply.
+fn apply(state: &mut SmState, index: u64, batch: &Batch) -> Vec<Outcome> {
+    let mut writes = Vec::new();
+    let response = apply_entry(state, &Pending, index, batch, &mut writes);
+    response
+        .results
+        .into_iter()
+        .map(|r| r.expect("command refused"))
+        .collect()
+}
+
+/// A topic with a subscription and `records` records.
+fn topic_state(records: usize) -> SmState {
+    let mut state = SmState::default();
+    let setup = batch(vec![
+        Command::CreateTopic(CreateTopic {
+            name: TOPIC.to_string(),
+            settings: TopicSettings::default(),
+        }),
+        Command::CreateSubscription(CreateSub {
+            topic: TOPIC.to_string(),
+            name: SUB.to_string(),
+            settings: SubSettings {
+                start: Start::First,
+                ack_timeout_ms: 30_000,
+                max_deliveries: None,
+                dead_letter_topic: None,
+            },
+        }),
+    ]);
+    apply(&mut state, 1, &setup);
+    let all: Vec<usize> = (0..records).collect();
+    for (index, chunk) in (2..).zip(all.chunks(1_000)) {
+        let records = chunk.iter().map(|&i| record(i)).collect();
+        apply(&mut state, index, &batch(vec![publish(records, None)]));
+    }
+    state
+}
+
+fn bench_apply(c: &mut Criterion) {
+    let mut group = c.benchmark_group("apply");
+    group.throughput(Throughput::Elements(RECORDS as u64));
+
+    let state = topic_state(0);
+    let entry = publishes();
+    group.bench_function("publish_64_commands_of_1_record", |b| {
+        b.iter_batched_ref(
+            || state.clone(),
+            |s| apply(s, 10, black_box(&entry)),
+            BatchSize::SmallInput,
+        )
+    });
+
+    let entry = batch(vec![publish((0..RECORDS).map(record).collect(), None)]);
+    group.bench_function("publish_1_command_of_64_records", |b| {
+        b.iter_batched_ref(
+            || state.clone(),
+            |s| apply(s, 10, black_box(&entry)),
+            BatchSize::SmallInput,
+        )
+    });
+
+    let entry = batch(
+        (0..RECORDS)
+            .map(|i| {
+                publish(
+                    vec![record(i)],
+                    Some(ProducerSeq {
+                        producer_id: format!("p{}", i % 8),
+                        sequence: (i / 8) as u64,
+                    }),
+                )
+            })
+            .collect(),
+    );
+    group.bench_function("publish_idempotent_64_commands", |b| {
+        b.iter_batched_ref(
+            || state.clone(),
+            |s| apply(s, 10, black_box(&entry)),
+            BatchSize::SmallInput,
+        )
+    });
+
+    let filled = topic_state(10_000);
+    let pull = batch(vec![Command::Pull(Pull {
+        sub: sub_ref(),
+        max: RECORDS as u32,
+        ack_timeout_ms: None,
+    })]);
+    group.bench_function("pull_64", |b| {
+        b.iter_batched_ref(
+            || filled.clone(),
+            |s| apply(s, 100, black_box(&pull)),
+            BatchSize::SmallInput,
+        )
+    });
+
+    let mut leased = filled.clone();
+    let receipts = match apply(&mut leased, 100, &pull).pop() {
+        Some(Outcome::Pulled(deliveries)) => deliveries.into_iter().map(|d| d.receipt).collect(),
+        other => panic!("pull answered {other:?}"),
+    };
+    let ack = batch(vec![Command::SettleReceipts(SettleReceipts {
+        sub: sub_ref(),
+        action: ReceiptAction::Ack,
+        receipts,
+    })]);
+    group.bench_function("ack_64", |b| {
+        b.iter_batched_ref(
+            || leased.clone(),
+            |s| apply(s, 101, black_box(&ack)),
+            BatchSize::SmallInput,
+        )
+    });
+
+    let cursor = batch(vec![Command::SetCursor(SetCursor {
+        sub: sub_ref(),
+        offset: 5_000,
+        allow_backward: false,
+        forward_only: false,
+    })]);
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("set_cursor", |b| {
+        b.iter_batched_ref(
+            || filled.clone(),
+            |s| apply(s, 100, black_box(&cursor)),
+            BatchSize::SmallInput,
+        )
+    });
+
+    let create = batch(vec![Command::CreateTopic(CreateTopic {
+        name: "another".to_string(),
+        settings: TopicSettings::default(),
+    })]);
+    group.bench_function("create_topic", |b| {
+        b.iter_batched_ref(
+            || filled.clone(),
+            |s| apply(s, 100, black_box(&create)),
+            BatchSize::SmallInput,
+        )
+    });
+    group.finish();
+}
+
+fn bench_codec(c: &mut Criterion) {
+    let mut group = c.benchmark_group("codec");
+    let payload = LogPayload::V1(publishes());
+    let encoded = codec::encode(&payload).expect("encode");
+    group.throughput(Throughput::Bytes(encoded.len() as u64));
+    group.bench_function("encode_entry_64_records", |b| {
+        b.iter(|| codec::encode(black_box(&payload)).expect("encode"))
+    });
+    group.bench_function("decode_entry_64_records", |b| {
+        b.iter(|| codec::decode::<LogPayload>(black_box(&encoded)).expect("decode"))
+    });
+
+    let stored = StoredRecord {
+        timestamp_ms: 1_700_000_000_000,
+        key: Some("key-1".to_string()),
+        headers: vec![("trace".to_string(), "abc".to_string())],
+        value: record(1).value,
+    };
+    let encoded = codec::encode(&stored).expect("encode");
+    group.throughput(Throughput::Bytes(encoded.len() as u64));
+    group.bench_function("encode_record_1k", |b| {
+        b.iter(|| codec::encode(black_box(&stored)).expect("encode"))
+    });
+    group.bench_function("decode_record_1k", |b| {
+        b.iter(|| codec::decode::<StoredRecord>(black_box(&encoded)).expect("decode"))
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench_apply, bench_codec);
+criterion_main!(benches);

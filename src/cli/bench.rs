@@ -1,0 +1,1034 @@
+//! `raftq bench`: the standard workloads against a running cluster, through the SDK.
+//!
+//! - **P1** durable publish: `--n` records of `--size` random bytes, `--inflight` publish calls
+//!   in flight, one record per call; a record counts only once its publish is acknowledged
+//!   (committed on a majority, each fsynced). With `--publish sdk` (the default) the calls go
+//!   through one [`Producer`], which coalesces concurrent calls into idempotent batches, as an
+//!   application using the SDK would; `--publish single` sends one POST per record.
+//! - **P2** consume and ack: `--n` records published first, then `--consumers` consumers on
+//!   one subscription, each pulling batches of `--batch` and acking every message it got;
+//!   the rate until every record is acked.
+//! - **P3** latency: `--lat-n` publishes one after the other (one in flight).
+//! - **P4** stream fan-out: `--readers` readers read the whole topic from offset 0 while a
+//!   producer publishes `--n` records; records per second per reader.
+//!
+//! Every workload runs on a topic of its own (`<prefix>-p1-<run id>` ...), deleted afterwards
+//! unless `--keep`. Results are a table on stdout, or one JSON object per workload with
+//! `--json`; `--out FILE` appends the JSON lines to a file as well. `--watch-pid` samples the
+//! resident memory of server processes on this machine during each workload.
+
+use std::collections::BTreeMap;
+use std::fs::OpenOptions;
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use clap::{Args, ValueEnum};
+use hdrhistogram::Histogram;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use raftq_client::api::{
+    PullRequest, ReadFrom, ReceiptStatus, RecordIn, Retention, SubscriptionConfig,
+    SubscriptionStart, TopicConfig, MAX_PULL,
+};
+use raftq_client::{Client, Producer, ProducerOptions, Reader};
+use rand::RngCore;
+use serde::Serialize;
+
+use super::{connect, describe, runtime, table, Connection, Failure};
+
+/// Distinct payloads generated per run; records cycle through them.
+const PAYLOAD_POOL: usize = 1024;
+/// How often progress is printed when stderr is not a terminal.
+const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+/// Acks a P2 consumer has in flight while it pulls again.
+const ACKS_IN_FLIGHT: usize = 2;
+/// Long-poll wait of pulls and reads.
+const WAIT: Duration = Duration::from_millis(1_000);
+
+/// One of the standard workloads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Workload {
+    P1,
+    P2,
+    P3,
+    P4,
+    /// The disk's fsync ceiling in `--disk-dir`: 4 KiB appends and 1 MiB appends, each followed
+    /// by fdatasync.
+    Disk,
+}
+
+/// How P1, P3 and the pre-fills publish.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PublishMode {
+    /// Through one SDK producer: concurrent calls become idempotent batches.
+    Sdk,
+    /// One POST of one record per call (no batching, no idempotency).
+    Single,
+}
+
+/// `raftq bench`: run P1 to P4 against a running cluster.
+#[derive(Debug, Clone, Args)]
+pub struct BenchArgs {
+    /// Workloads to run, in this order.
+    #[arg(long, value_delimiter = ',', default_value = "p1,p2,p3,p4")]
+    pub workloads: Vec<Workload>,
+    /// Records of P1, P2 and P4.
+    #[arg(long, default_value_t = 100_000, value_name = "N")]
+    pub n: u64,
+    /// Bytes of each record's value (random, sent base64-encoded).
+    #[arg(long, default_value_t = 1024, value_name = "BYTES")]
+    pub size: usize,
+    /// Publish calls in flight in P1, P2's pre-fill and P4.
+    #[arg(long, default_value_t = 64, value_name = "N")]
+    pub inflight: usize,
+    /// How publishes are sent.
+    #[arg(long, value_enum, default_value = "sdk")]
+    pub publish: PublishMode,
+    /// The SDK producer's most batches in flight.
+    #[arg(long, default_value_t = 5, value_name = "N")]
+    pub producer_batches: usize,
+    /// The SDK producer's most records per batch (default: `--inflight`, so that every
+    /// record in flight can go in one batch).
+    #[arg(long, value_name = "N")]
+    pub producer_batch_records: Option<usize>,
+    /// The SDK producer's linger, in milliseconds (it seals a batch early only when it could
+    /// be sent at once).
+    #[arg(long, default_value_t = 0, value_name = "MS")]
+    pub linger_ms: u64,
+    /// Publishes of P3, one in flight.
+    #[arg(long, default_value_t = 2_000, value_name = "N")]
+    pub lat_n: u64,
+    /// Consumers of P2.
+    #[arg(long, default_value_t = 4, value_name = "N")]
+    pub consumers: usize,
+    /// Most messages per pull in P2.
+    #[arg(long, default_value_t = 64, value_name = "N")]
+    pub batch: u32,
+    /// Readers of P4.
+    #[arg(long, default_value_t = 4, value_name = "N")]
+    pub readers: usize,
+    /// Run the whole list of workloads this many times (memory should not grow across runs).
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub repeat: u32,
+    /// Give up on a workload after this many seconds.
+    #[arg(long, default_value_t = 600, value_name = "SECS")]
+    pub max_secs: u64,
+    /// Prefix of the topics the workloads create.
+    #[arg(long, default_value = "bench", value_name = "NAME")]
+    pub topic_prefix: String,
+    /// Keep the topics afterwards (they are deleted by default).
+    #[arg(long)]
+    pub keep: bool,
+    /// Sample the resident memory of this process (a node on this machine) during each
+    /// workload; repeat for more.
+    #[arg(long = "watch-pid", value_name = "PID")]
+    pub watch_pids: Vec<u32>,
+    /// Print one JSON object per workload instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Also append one JSON line per workload to this file.
+    #[arg(long, value_name = "PATH")]
+    pub out: Option<PathBuf>,
+    /// Directory the `disk` workload writes its probe file in (removed afterwards).
+    #[arg(long, default_value = ".", value_name = "DIR")]
+    pub disk_dir: PathBuf,
+    /// Seconds of each half of the `disk` workload.
+    #[arg(long, default_value_t = 3, value_name = "SECS")]
+    pub disk_secs: u64,
+    /// No progress bar.
+    #[arg(long)]
+    pub quiet: bool,
+    #[command(flatten)]
+    pub connection: Connection,
+}
+
+/// Latency figures, in milliseconds.
+#[derive(Debug, Clone, Serialize)]
+pub struct Latency {
+    pub p50: f64,
+    pub p99: f64,
+    pub p999: f64,
+    pub max: f64,
+    pub mean: f64,
+}
+
+/// Resident memory of one watched process.
+#[derive(Debug, Clone, Serialize)]
+pub struct Memory {
+    pub pid: u32,
+    pub rss_start_mib: f64,
+    pub rss_peak_mib: f64,
+    pub rss_end_mib: f64,
+}
+
+/// The disk's fsync ceiling.
+#[derive(Debug, Clone, Serialize)]
+pub struct DiskProbe {
+    /// 4 KiB appends, each followed by fdatasync, per second.
+    pub fsyncs_4k_per_s: f64,
+    /// MiB per second of 1 MiB appends, each followed by fdatasync.
+    pub mib_per_s_1m: f64,
+}
+
+/// The outcome of one workload.
+#[derive(Debug, Clone, Serialize)]
+pub struct Outcome {
+    pub workload: Workload,
+    pub run: u32,
+    pub topic: String,
+    /// Records the workload set out to move.
+    pub n: u64,
+    /// Records acknowledged (P1, P3), acked (P2) or read by the slowest reader (P4).
+    pub done: u64,
+    pub complete: bool,
+    pub secs: f64,
+    pub msgs_per_s: f64,
+    pub mib_per_s: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub latency_ms: Option<Latency>,
+    /// P2: messages delivered more than once. P4: records/s of each reader.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub redelivered: Option<u64>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub per_reader_msgs_per_s: Vec<f64>,
+    /// P2 and P4: the pre-fill or concurrent producer's own rate.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub publish_msgs_per_s: Option<f64>,
+    pub errors: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_error: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub memory: Vec<Memory>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disk: Option<DiskProbe>,
+    /// P1, P3: the SDK producer's batches, publish calls and `sequence_gap` answers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub producer: Option<serde_json::Value>,
+    pub config: BTreeMap<&'static str, serde_json::Value>,
+}
+
+/// Runs `raftq bench`.
+pub fn bench(args: BenchArgs) -> ExitCode {
+    match check(&args).and_then(|()| runtime().and_then(|rt| rt.block_on(run(args)))) {
+        Ok(code) => code,
+        Err(failure) => failure.report(),
+    }
+}
+
+fn check(args: &BenchArgs) -> Result<(), Failure> {
+    let usage = |text: String| Err(Failure::Usage(text));
+    if args.workloads.is_empty() {
+        return usage("--workloads names no workload".into());
+    }
+    if args.n == 0 || args.lat_n == 0 {
+        return usage("--n and --lat-n are at least 1".into());
+    }
+    if args.size == 0 || args.size > 1 << 20 {
+        return usage(format!("--size is 1 to 1048576 bytes, not {}", args.size));
+    }
+    if args.inflight == 0 || args.inflight > 4096 {
+        return usage(format!("--inflight is 1 to 4096, not {}", args.inflight));
+    }
+    if args.consumers == 0 || args.readers == 0 || args.consumers > 256 || args.readers > 256 {
+        return usage("--consumers and --readers are 1 to 256".into());
+    }
+    if args.batch == 0 || args.batch > MAX_PULL {
+        return usage(format!("--batch is 1 to {MAX_PULL}, not {}", args.batch));
+    }
+    if args.repeat == 0 {
+        return usage("--repeat is at least 1".into());
+    }
+    if !raftq_client::api::is_valid_name(&format!("{}-p1-00000000", args.topic_prefix)) {
+        return usage(format!(
+            "--topic-prefix {:?} does not make valid topic names ([A-Za-z0-9._-], at most 110 \
+             characters)",
+            args.topic_prefix
+        ));
+    }
+    Ok(())
+}
+
+/// What every workload shares.
+struct Ctx {
+    client: Client,
+    args: BenchArgs,
+    payloads: Arc<Vec<String>>,
+    run_id: String,
+}
+
+async fn run(args: BenchArgs) -> Result<ExitCode, Failure> {
+    let client = connect(&args.connection)?;
+    let status = client.cluster().await?;
+    let mut rng = rand::thread_rng();
+    let payloads = (0..PAYLOAD_POOL)
+        .map(|_| {
+            let mut bytes = vec![0u8; args.size];
+            rng.fill_bytes(&mut bytes);
+            base64::engine::general_purpose::STANDARD.encode(bytes)
+        })
+        .collect();
+    let run_id = format!("{:08x}", rng.next_u32());
+    if !args.quiet {
+        eprintln!(
+            "raftq bench: {} nodes, leader {}, workloads {:?} x{}, run {run_id}",
+            status.members.len(),
+            status
+                .leader_id
+                .map_or("unknown".to_string(), |id| id.to_string()),
+            args.workloads,
+            args.repeat,
+        );
+    }
+    let ctx = Ctx {
+        client,
+        args,
+        payloads: Arc::new(payloads),
+        run_id,
+    };
+    let mut outcomes = Vec::new();
+    for round in 1..=ctx.args.repeat {
+        for &workload in &ctx.args.workloads {
+            let outcome = ctx.workload(workload, round).await?;
+            emit(&ctx.args, &outcome)?;
+            outcomes.push(outcome);
+        }
+    }
+    if !ctx.args.json {
+        println!("{}", summary(&outcomes));
+        if outcomes.iter().any(|o| o.workload == Workload::Disk) {
+            println!(
+                "Disk: MSGS/S is 4 KiB appends each followed by fdatasync per second, MIB/S the \
+                 throughput of 1 MiB appends each followed by fdatasync."
+            );
+        }
+    }
+    Ok(if outcomes.iter().all(|o| o.complete) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+fn emit(args: &BenchArgs, outcome: &Outcome) -> Result<(), Failure> {
+    let line = serde_json::to_string(outcome)
+        .map_err(|err| Failure::Usage(format!("cannot encode a result: {err}")))?;
+    if args.json {
+        println!("{line}");
+    }
+    if let Some(path) = &args.out {
+        let written = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .and_then(|mut file| writeln!(file, "{line}"));
+        if let Err(err) = written {
+            return Err(Failure::Usage(format!(
+                "cannot append to {}: {err}",
+                path.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn summary(outcomes: &[Outcome]) -> String {
+    let rows: Vec<Vec<String>> = outcomes
+        .iter()
+        .map(|o| {
+            let lat = |f: fn(&Latency) -> f64| {
+                o.latency_ms
+                    .as_ref()
+                    .map_or("-".to_string(), |l| format!("{:.2}", f(l)))
+            };
+            let peak = o
+                .memory
+                .iter()
+                .map(|m| m.rss_peak_mib)
+                .fold(None, |acc: Option<f64>, x| {
+                    Some(acc.map_or(x, |a| a.max(x)))
+                });
+            vec![
+                format!("{:?}", o.workload),
+                o.run.to_string(),
+                format!("{}/{}", o.done, o.n),
+                format!("{:.2}", o.secs),
+                format!("{:.0}", o.msgs_per_s),
+                format!("{:.1}", o.mib_per_s),
+                lat(|l| l.p50),
+                lat(|l| l.p99),
+                lat(|l| l.p999),
+                peak.map_or("-".to_string(), |p| format!("{p:.0}")),
+                o.errors.to_string(),
+            ]
+        })
+        .collect();
+    table(
+        &[
+            "WORKLOAD",
+            "RUN",
+            "RECORDS",
+            "SECS",
+            "MSGS/S",
+            "MIB/S",
+            "P50 MS",
+            "P99 MS",
+            "P999 MS",
+            "PEAK RSS MIB",
+            "ERRORS",
+        ],
+        &rows,
+        1,
+    )
+}
+
+fn histogram() -> Histogram<u64> {
+    // Microseconds, 1 µs to 10 min, 3 significant digits.
+    Histogram::new_with_bounds(1, 600_000_000, 3).expect("valid histogram bounds")
+}
+
+fn latency(h: &Histogram<u64>) -> Option<Latency> {
+    if h.is_empty() {
+        return None;
+    }
+    let ms = |us: u64| us as f64 / 1000.0;
+    Some(Latency {
+        p50: ms(h.value_at_quantile(0.5)),
+        p99: ms(h.value_at_quantile(0.99)),
+        p999: ms(h.value_at_quantile(0.999)),
+        max: ms(h.max()),
+        mean: h.mean() / 1000.0,
+    })
+}
+
+/// Errors of a workload's tasks: how many, and the first one.
+#[derive(Default)]
+struct Errors {
+    count: AtomicU64,
+    first: Mutex<Option<String>>,
+}
+
+impl Errors {
+    fn record(&self, text: String) {
+        self.count.fetch_add(1, Ordering::Relaxed);
+        let mut first = self.first.lock().unwrap_or_else(|e| e.into_inner());
+        first.get_or_insert(text);
+    }
+
+    fn take(&self) -> (u64, Option<String>) {
+        let first = self.first.lock().unwrap_or_else(|e| e.into_inner()).take();
+        (self.count.load(Ordering::Relaxed), first)
+    }
+}
+
+/// Samples the resident memory of the watched processes until finished.
+struct MemoryWatch {
+    samples: Arc<Mutex<Vec<Memory>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+fn rss_mib(pid: u32) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
+}
+
+impl MemoryWatch {
+    fn start(pids: &[u32]) -> MemoryWatch {
+        let first: Vec<Memory> = pids
+            .iter()
+            .map(|&pid| {
+                let rss = rss_mib(pid).unwrap_or(0.0);
+                Memory {
+                    pid,
+                    rss_start_mib: rss,
+                    rss_peak_mib: rss,
+                    rss_end_mib: rss,
+                }
+            })
+            .collect();
+        let samples = Arc::new(Mutex::new(first));
+        let shared = samples.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                let mut samples = shared.lock().unwrap_or_else(|e| e.into_inner());
+                for m in samples.iter_mut() {
+                    if let Some(rss) = rss_mib(m.pid) {
+                        m.rss_peak_mib = m.rss_peak_mib.max(rss);
+                        m.rss_end_mib = rss;
+                    }
+                }
+            }
+        });
+        MemoryWatch { samples, task }
+    }
+
+    fn finish(self) -> Vec<Memory> {
+        self.task.abort();
+        let samples = self.samples.lock().unwrap_or_else(|e| e.into_inner());
+        samples
+            .iter()
+            .map(|m| {
+                let end = rss_mib(m.pid).unwrap_or(m.rss_end_mib);
+                Memory {
+                    pid: m.pid,
+                    rss_start_mib: round(m.rss_start_mib, 1),
+                    rss_peak_mib: round(m.rss_peak_mib.max(end), 1),
+                    rss_end_mib: round(end, 1),
+                }
+            })
+            .collect()
+    }
+}
+
+/// Appends blocks of `block` bytes to a new file at `path`, each followed by fdatasync, for
+/// `secs`; returns appends per second (4 KiB blocks) or MiB per second (larger ones).
+fn append_fsync(path: &std::path::Path, block: usize, secs: Duration) -> std::io::Result<f64> {
+    let mut file = OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(true)
+        .open(path)?;
+    let mut data = vec![0u8; block];
+    rand::thread_rng().fill_bytes(&mut data);
+    let start = Instant::now();
+    let mut count = 0u64;
+    while start.elapsed() < secs {
+        file.write_all(&data)?;
+        file.sync_data()?;
+        count += 1;
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    Ok(if block <= 4096 {
+        count as f64 / elapsed
+    } else {
+        count as f64 * block as f64 / (1 << 20) as f64 / elapsed
+    })
+}
+
+fn round(x: f64, digits: i32) -> f64 {
+    let f = 10f64.powi(digits);
+    (x * f).round() / f
+}
+
+/// Counts, times and histograms of one publishing run.
+struct Published {
+    ok: u64,
+    /// The SDK producer's counters: batches, calls, sequence gaps.
+    producer: Option<serde_json::Value>,
+    secs: f64,
+    latencies: Histogram<u64>,
+}
+
+impl Ctx {
+    /// A progress bar on a terminal; elsewhere (a log, CI) a line every few seconds.
+    fn progress(&self, label: &str, total: u64) -> ProgressBar {
+        if self.args.quiet {
+            return ProgressBar::hidden();
+        }
+        if !std::io::stderr().is_terminal() {
+            let bar = ProgressBar::hidden();
+            bar.set_length(total);
+            let (ticker, label) = (bar.clone(), label.to_string());
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(PROGRESS_EVERY).await;
+                    if ticker.is_finished() {
+                        return;
+                    }
+                    eprintln!(
+                        "raftq bench: {label} {}/{total} ({:.0}/s)",
+                        ticker.position(),
+                        ticker.per_sec()
+                    );
+                }
+            });
+            return bar;
+        }
+        let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr_with_hz(4));
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{prefix:>4} [{elapsed_precise}] {wide_bar} {pos}/{len} {per_sec} eta {eta}",
+            )
+            .expect("valid progress template"),
+        );
+        bar.set_prefix(label.to_string());
+        bar
+    }
+
+    fn deadline(&self) -> Instant {
+        Instant::now() + Duration::from_secs(self.args.max_secs)
+    }
+
+    async fn fresh_topic(&self, workload: Workload, round: u32) -> Result<String, Failure> {
+        let name = format!(
+            "{}-{:?}-{}-{round}",
+            self.args.topic_prefix, workload, self.run_id
+        )
+        .to_lowercase();
+        // A leftover of an earlier run with the same id would skew the counts.
+        match self.client.delete_topic(&name).await {
+            Ok(()) => {}
+            Err(err) if err.problem().is_some_and(|p| p.status == 404) => {}
+            Err(err) => return Err(err.into()),
+        }
+        let config = TopicConfig {
+            retention: Retention::default(),
+            max_record_bytes: None,
+        };
+        self.client.create_topic(&name, &config).await?;
+        Ok(name)
+    }
+
+    async fn drop_topic(&self, name: &str) {
+        if self.args.keep {
+            return;
+        }
+        if let Err(err) = self.client.delete_topic(name).await {
+            eprintln!(
+                "raftq bench: could not delete topic {name}: {}",
+                describe(&err)
+            );
+        }
+    }
+
+    async fn workload(&self, workload: Workload, round: u32) -> Result<Outcome, Failure> {
+        if workload == Workload::Disk {
+            let mut outcome = self.disk().await?;
+            outcome.run = round;
+            return Ok(outcome);
+        }
+        let topic = self.fresh_topic(workload, round).await?;
+        let watch = MemoryWatch::start(&self.args.watch_pids);
+        let errors = Arc::new(Errors::default());
+        let mut outcome = match workload {
+            Workload::P1 => self.p1(&topic, &errors).await?,
+            Workload::P2 => self.p2(&topic, &errors).await?,
+            Workload::P3 => self.p3(&topic, &errors).await?,
+            Workload::P4 => self.p4(&topic, &errors).await?,
+            Workload::Disk => unreachable!("handled above"),
+        };
+        outcome.memory = watch.finish();
+        let (count, first) = errors.take();
+        outcome.errors = count;
+        outcome.first_error = first;
+        outcome.run = round;
+        outcome.config = self.config(workload);
+        self.drop_topic(&topic).await;
+        Ok(outcome)
+    }
+
+    fn config(&self, workload: Workload) -> BTreeMap<&'static str, serde_json::Value> {
+        let a = &self.args;
+        let mut c = BTreeMap::new();
+        c.insert("size", a.size.into());
+        c.insert("urls", a.connection.urls.clone().into());
+        c.insert(
+            "publish",
+            serde_json::to_value(a.publish).unwrap_or_default(),
+        );
+        if a.publish == PublishMode::Sdk {
+            c.insert("producer_batches", a.producer_batches.into());
+            c.insert(
+                "producer_batch_records",
+                a.producer_batch_records.unwrap_or(a.inflight).into(),
+            );
+            c.insert("linger_ms", a.linger_ms.into());
+        }
+        match workload {
+            Workload::P1 | Workload::P4 => {
+                c.insert("inflight", a.inflight.into());
+            }
+            Workload::P2 => {
+                c.insert("inflight", a.inflight.into());
+                c.insert("consumers", a.consumers.into());
+                c.insert("batch", a.batch.into());
+            }
+            Workload::P3 | Workload::Disk => {}
+        }
+        if workload == Workload::P4 {
+            c.insert("readers", a.readers.into());
+        }
+        c
+    }
+
+    fn outcome(&self, workload: Workload, topic: &str, n: u64, done: u64, secs: f64) -> Outcome {
+        let rate = done as f64 / secs.max(1e-9);
+        Outcome {
+            workload,
+            run: 0,
+            topic: topic.to_string(),
+            n,
+            done,
+            complete: done >= n,
+            secs: round(secs, 3),
+            msgs_per_s: round(rate, 1),
+            mib_per_s: round(rate * self.args.size as f64 / (1 << 20) as f64, 2),
+            latency_ms: None,
+            redelivered: None,
+            per_reader_msgs_per_s: Vec::new(),
+            publish_msgs_per_s: None,
+            errors: 0,
+            first_error: None,
+            memory: Vec::new(),
+            disk: None,
+            producer: None,
+            config: BTreeMap::new(),
+        }
+    }
+
+    /// Publishes `n` records with `inflight` calls in flight; every acknowledged record's
+    /// latency (call to acknowledgement) goes into the histogram.
+    async fn publish(
+        &self,
+        topic: &str,
+        n: u64,
+        inflight: usize,
+        bar: &ProgressBar,
+        errors: &Arc<Errors>,
+    ) -> Result<Published, Failure> {
+        let producer = match self.args.publish {
+            PublishMode::Sdk => {
+                let options = ProducerOptions::new()
+                    .linger(Duration::from_millis(self.args.linger_ms))
+                    .max_in_flight(self.args.producer_batches)
+                    .buffer_records(inflight.max(1) * 2)
+                    .max_batch_records(
+                        self.args
+                            .producer_batch_records
+                            .unwrap_or(inflight)
+                            .clamp(1, 10_000),
+                    );
+                let producer = Producer::open(self.client.clone(), topic, options)
+                    .await
+                    .map_err(Failure::Producer)?;
+                Some(producer)
+            }
+            PublishMode::Single => None,
+        };
+        let next = Arc::new(AtomicU64::new(0));
+        let deadline = self.deadline();
+        let start = Instant::now();
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..inflight {
+            let (next, producer, client, errors, bar) = (
+                next.clone(),
+                producer.clone(),
+                self.client.clone(),
+                errors.clone(),
+                bar.clone(),
+            );
+            let topic = topic.to_string();
+            let make = self.payloads.clone();
+            tasks.spawn(async move {
+                let mut hist = histogram();
+                let mut ok = 0u64;
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= n || Instant::now() >= deadline {
+                        break;
+                    }
+                    let record = RecordIn {
+                        value: None,
+                        value_b64: Some(make[(i % make.len() as u64) as usize].clone()),
+                        key: None,
+                        headers: BTreeMap::new(),
+                    };
+                    let sent = Instant::now();
+                    let result = match &producer {
+                        Some(producer) => match producer.send(record).await {
+                            Ok(delivery) => delivery.await.map(|_| ()).map_err(|e| e.to_string()),
+                            Err(err) => Err(err.to_string()),
+                        },
+                        None => client
+                            .publish_records(&topic, vec![record])
+                            .await
+                            .map(|_| ())
+                            .map_err(|e| describe(&e)),
+                    };
+                    match result {
+                        Ok(()) => {
+                            let us = sent.elapsed().as_micros().max(1) as u64;
+                            let _ = hist.record(us.min(600_000_000));
+                            ok += 1;
+                            bar.inc(1);
+                        }
+                        Err(text) => errors.record(text),
+                    }
+                }
+                (ok, hist)
+            });
+        }
+        let mut ok = 0;
+        let mut latencies = histogram();
+        while let Some(joined) = tasks.join_next().await {
+            match joined {
+                Ok((count, hist)) => {
+                    ok += count;
+                    let _ = latencies.add(hist);
+                }
+                Err(err) => errors.record(format!("a publishing task failed: {err}")),
+            }
+        }
+        let secs = start.elapsed().as_secs_f64();
+        let mut stats = None;
+        if let Some(producer) = producer {
+            if let Err(err) = producer.close().await {
+                errors.record(err.to_string());
+            }
+            let s = producer.stats();
+            stats = Some(serde_json::json!({
+                "batches": s.batches,
+                "publish_calls": s.publish_calls,
+                "sequence_gaps": s.sequence_gaps,
+                "records_per_batch": round(s.committed as f64 / s.batches.max(1) as f64, 1),
+            }));
+        }
+        Ok(Published {
+            ok,
+            producer: stats,
+            secs,
+            latencies,
+        })
+    }
+
+    async fn disk(&self) -> Result<Outcome, Failure> {
+        let dir = self.args.disk_dir.clone();
+        let secs = Duration::from_secs(self.args.disk_secs.max(1));
+        let bar = self.progress("disk", 2);
+        let path = dir.join(format!("raftq-disk-probe-{}", self.run_id));
+        let probe = tokio::task::spawn_blocking(move || -> std::io::Result<DiskProbe> {
+            let result = (|| {
+                let small = append_fsync(&path, 4096, secs)?;
+                let large = append_fsync(&path, 1 << 20, secs)?;
+                Ok(DiskProbe {
+                    fsyncs_4k_per_s: round(small, 1),
+                    mib_per_s_1m: round(large, 1),
+                })
+            })();
+            let _ = std::fs::remove_file(&path);
+            result
+        })
+        .await
+        .map_err(|err| Failure::Usage(format!("the disk probe failed: {err}")))?
+        .map_err(|err| {
+            Failure::Usage(format!(
+                "cannot probe the disk in {}: {err}",
+                self.args.disk_dir.display()
+            ))
+        })?;
+        bar.finish_and_clear();
+        let mut outcome = self.outcome(Workload::Disk, "-", 0, 0, secs.as_secs_f64() * 2.0);
+        outcome.msgs_per_s = probe.fsyncs_4k_per_s;
+        outcome.mib_per_s = probe.mib_per_s_1m;
+        outcome.complete = true;
+        outcome.config = BTreeMap::from([(
+            "dir",
+            serde_json::Value::from(self.args.disk_dir.display().to_string()),
+        )]);
+        outcome.disk = Some(probe);
+        Ok(outcome)
+    }
+
+    async fn p1(&self, topic: &str, errors: &Arc<Errors>) -> Result<Outcome, Failure> {
+        let n = self.args.n;
+        let bar = self.progress("P1", n);
+        let published = self
+            .publish(topic, n, self.args.inflight, &bar, errors)
+            .await?;
+        bar.finish_and_clear();
+        let mut outcome = self.outcome(Workload::P1, topic, n, published.ok, published.secs);
+        outcome.latency_ms = latency(&published.latencies);
+        outcome.producer = published.producer;
+        Ok(outcome)
+    }
+
+    async fn p3(&self, topic: &str, errors: &Arc<Errors>) -> Result<Outcome, Failure> {
+        let n = self.args.lat_n;
+        let bar = self.progress("P3", n);
+        let published = self.publish(topic, n, 1, &bar, errors).await?;
+        bar.finish_and_clear();
+        let mut outcome = self.outcome(Workload::P3, topic, n, published.ok, published.secs);
+        outcome.latency_ms = latency(&published.latencies);
+        outcome.producer = published.producer;
+        Ok(outcome)
+    }
+
+    async fn p2(&self, topic: &str, errors: &Arc<Errors>) -> Result<Outcome, Failure> {
+        let n = self.args.n;
+        let bar = self.progress("fill", n);
+        let filled = self
+            .publish(topic, n, self.args.inflight, &bar, errors)
+            .await?;
+        bar.finish_and_clear();
+        let subscription = "bench";
+        let config = SubscriptionConfig {
+            start: SubscriptionStart::First,
+            ack_timeout_ms: Some(30_000),
+            max_deliveries: None,
+            dead_letter_topic: None,
+        };
+        self.client
+            .create_subscription(topic, subscription, &config)
+            .await?;
+        let target = filled.ok;
+        let bar = self.progress("P2", target);
+        let acked = Arc::new(AtomicU64::new(0));
+        let redelivered = Arc::new(AtomicU64::new(0));
+        // When the last ack landed: consumers still long-polling then do not count.
+        let finished = Arc::new(std::sync::OnceLock::new());
+        let deadline = self.deadline();
+        let start = Instant::now();
+        let mut tasks = tokio::task::JoinSet::new();
+        for i in 0..self.args.consumers {
+            let (client, topic, acked, redelivered, errors, bar, finished) = (
+                self.client.clone(),
+                topic.to_string(),
+                acked.clone(),
+                redelivered.clone(),
+                errors.clone(),
+                bar.clone(),
+                finished.clone(),
+            );
+            let request = PullRequest {
+                max: Some(self.args.batch),
+                wait_ms: Some(WAIT.as_millis() as u64),
+                ack_timeout_ms: None,
+                consumer: Some(format!("bench-{i}")),
+            };
+            tasks.spawn(async move {
+                // Acks go out while the next pull is made, at most ACKS_IN_FLIGHT at a time, as
+                // a consumer that acks after handling each batch would.
+                let mut acks = tokio::task::JoinSet::new();
+                while acked.load(Ordering::Relaxed) < target && Instant::now() < deadline {
+                    let pulled = match client.pull(&topic, subscription, &request).await {
+                        Ok(pulled) => pulled,
+                        Err(err) => {
+                            errors.record(describe(&err));
+                            continue;
+                        }
+                    };
+                    if pulled.messages.is_empty() {
+                        continue;
+                    }
+                    let again = pulled
+                        .messages
+                        .iter()
+                        .filter(|m| m.delivery_count > 1)
+                        .count();
+                    redelivered.fetch_add(again as u64, Ordering::Relaxed);
+                    let receipts: Vec<String> =
+                        pulled.messages.into_iter().map(|m| m.receipt).collect();
+                    while acks.len() >= ACKS_IN_FLIGHT {
+                        acks.join_next().await;
+                    }
+                    let (client, topic, acked, errors, bar, finished) = (
+                        client.clone(),
+                        topic.clone(),
+                        acked.clone(),
+                        errors.clone(),
+                        bar.clone(),
+                        finished.clone(),
+                    );
+                    acks.spawn(async move {
+                        match client.ack(&topic, subscription, &receipts).await {
+                            Ok(results) => {
+                                let done = results
+                                    .iter()
+                                    .filter(|r| r.status == ReceiptStatus::Acked)
+                                    .count() as u64;
+                                if acked.fetch_add(done, Ordering::Relaxed) + done >= target {
+                                    let _ = finished.set(Instant::now());
+                                }
+                                bar.inc(done);
+                            }
+                            Err(err) => errors.record(describe(&err)),
+                        }
+                    });
+                }
+                while acks.join_next().await.is_some() {}
+            });
+        }
+        while let Some(joined) = tasks.join_next().await {
+            if let Err(err) = joined {
+                errors.record(format!("a consumer task failed: {err}"));
+            }
+        }
+        let secs = finished
+            .get()
+            .copied()
+            .unwrap_or_else(Instant::now)
+            .duration_since(start)
+            .as_secs_f64();
+        bar.finish_and_clear();
+        let mut outcome = self.outcome(
+            Workload::P2,
+            topic,
+            n,
+            acked.load(Ordering::Relaxed).min(target),
+            secs,
+        );
+        outcome.redelivered = Some(redelivered.load(Ordering::Relaxed));
+        outcome.publish_msgs_per_s = Some(round(filled.ok as f64 / filled.secs.max(1e-9), 1));
+        Ok(outcome)
+    }
+
+    async fn p4(&self, topic: &str, errors: &Arc<Errors>) -> Result<Outcome, Failure> {
+        let n = self.args.n;
+        let readers = self.args.readers as u64;
+        let bar = self.progress("P4", n * readers);
+        let deadline = self.deadline();
+        let start = Instant::now();
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..self.args.readers {
+            let mut reader = Reader::for_topic(self.client.clone(), topic)?
+                .start(ReadFrom::First)
+                .max(1_000)
+                .wait(WAIT);
+            let (errors, bar) = (errors.clone(), bar.clone());
+            tasks.spawn(async move {
+                let mut read = 0u64;
+                while read < n && Instant::now() < deadline {
+                    match reader.next_batch().await {
+                        Ok(batch) => {
+                            read += batch.records.len() as u64;
+                            bar.inc(batch.records.len() as u64);
+                        }
+                        Err(err) => errors.record(describe(&err)),
+                    }
+                }
+                (read, start.elapsed().as_secs_f64())
+            });
+        }
+        let published = self
+            .publish(topic, n, self.args.inflight, &ProgressBar::hidden(), errors)
+            .await?;
+        let mut rates = Vec::new();
+        let mut slowest: Option<(u64, f64)> = None;
+        while let Some(joined) = tasks.join_next().await {
+            match joined {
+                Ok((read, secs)) => {
+                    rates.push(round(read as f64 / secs.max(1e-9), 1));
+                    if slowest.is_none_or(|(r, s)| (read, -secs) < (r, -s)) {
+                        slowest = Some((read, secs));
+                    }
+                }
+                Err(err) => errors.record(format!("a reader task failed: {err}")),
+            }
+        }
+        bar.finish_and_clear();
+        let (read, secs) = slowest.unwrap_or((0, start.elapsed().as_secs_f64()));
+        let mut outcome = self.outcome(Workload::P4, topic, n, read.min(published.ok), secs);
+        outcome.complete = read >= n && published.ok >= n;
+        outcome.per_reader_msgs_per_s = rates;
+        outcome.publish_msgs_per_s = Some(round(published.ok as f64 / published.secs.max(1e-9), 1));
+        Ok(outcome)
+    }
+}
