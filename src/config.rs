@@ -10,6 +10,8 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context};
 use serde::Deserialize;
 
+use crate::proposer::{DEFAULT_MAX_ENTRY_COMMANDS, MAX_ENTRY_COMMANDS};
+
 /// Flags of `raftq serve`. Every flag has a `RAFTQ_*` environment twin.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct ServeArgs {
@@ -53,6 +55,10 @@ pub struct ServeArgs {
     /// log is bounded at four times this: memtables are flushed when it is reached.
     #[arg(long, env = "RAFTQ_WRITE_BUFFER_BYTES")]
     pub write_buffer_bytes: Option<u64>,
+    /// Most client commands in one Raft entry (group commit; default 4,096). 1 turns group
+    /// commit off: every command is an entry and an fsync of its own.
+    #[arg(long, env = "RAFTQ_MAX_ENTRY_COMMANDS")]
+    pub max_entry_commands: Option<usize>,
     /// TOML file with the same settings (keys as the flags, with `_` for `-`).
     #[arg(long, env = "RAFTQ_CONFIG")]
     pub config: Option<PathBuf>,
@@ -85,6 +91,7 @@ struct FileConfig {
     snapshot_bytes: Option<u64>,
     snapshot_keep_logs: Option<u64>,
     write_buffer_bytes: Option<u64>,
+    max_entry_commands: Option<usize>,
 }
 
 /// Resolved settings of one node.
@@ -112,6 +119,8 @@ pub struct Settings {
     pub snapshot_keep_logs: u64,
     /// RocksDB memtable size per column family.
     pub write_buffer_bytes: u64,
+    /// Most client commands in one Raft entry.
+    pub max_entry_commands: usize,
 }
 
 impl Settings {
@@ -240,6 +249,15 @@ impl ServeArgs {
         if !(64 << 10..=1 << 30).contains(&write_buffer_bytes) {
             bail!("write_buffer_bytes must be between 64 KiB and 1 GiB, not {write_buffer_bytes}");
         }
+        let max_entry_commands = self
+            .max_entry_commands
+            .or(file.max_entry_commands)
+            .unwrap_or(DEFAULT_MAX_ENTRY_COMMANDS);
+        if !(1..=MAX_ENTRY_COMMANDS).contains(&max_entry_commands) {
+            bail!(
+                "max_entry_commands must be between 1 and {MAX_ENTRY_COMMANDS}, not {max_entry_commands}"
+            );
+        }
         Ok(Settings {
             id,
             listen,
@@ -259,6 +277,7 @@ impl ServeArgs {
             snapshot_bytes,
             snapshot_keep_logs,
             write_buffer_bytes,
+            max_entry_commands,
         })
     }
 }
@@ -332,6 +351,14 @@ mod tests {
             (
                 Box::new(|a| a.write_buffer_bytes = Some(1000)),
                 "write_buffer_bytes must be between",
+            ),
+            (
+                Box::new(|a| a.max_entry_commands = Some(0)),
+                "max_entry_commands must be between 1 and",
+            ),
+            (
+                Box::new(|a| a.max_entry_commands = Some(100_000)),
+                "max_entry_commands must be between 1 and",
             ),
         ];
         for (mutate, want) in cases {

@@ -298,7 +298,13 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
         .with_context(|| format!("cannot listen on {}", settings.listen))?;
-    let proposer = Proposer::start(raft.clone(), ProposerLimits::default());
+    let proposer = Proposer::start(
+        raft.clone(),
+        ProposerLimits {
+            max_commands: settings.max_entry_commands,
+            ..ProposerLimits::default()
+        },
+    );
     let (shutdown_tx, _) = watch::channel(false);
     let node: AppState = Arc::new(Node {
         id: settings.id,

@@ -70,11 +70,16 @@ pub struct ProposerLimits {
     pub in_flight: usize,
 }
 
+/// Default most commands in one entry.
+pub const DEFAULT_MAX_ENTRY_COMMANDS: usize = 4_096;
+/// Largest setting of the most commands in one entry.
+pub const MAX_ENTRY_COMMANDS: usize = 65_536;
+
 impl Default for ProposerLimits {
     fn default() -> Self {
         ProposerLimits {
             queue: 20_000,
-            max_commands: 4096,
+            max_commands: DEFAULT_MAX_ENTRY_COMMANDS,
             max_bytes: 8 << 20,
             in_flight: 4,
         }

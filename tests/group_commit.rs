@@ -1,5 +1,5 @@
 //! Group commit: many concurrent publish requests share Raft entries (and so fsyncs), and
-//! every one still gets its own, distinct, dense offset.
+//! every one still gets its own, distinct, dense offset; `--max-entry-commands 1` turns it off.
 
 mod common;
 
@@ -9,17 +9,13 @@ use common::Cluster;
 use raftq_client::api::PublishResponse;
 use serde_json::json;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_publishes_share_entries_and_get_dense_offsets() {
-    let cluster = Cluster::start(3).await;
-    cluster.create_topic("gc").await;
+/// Publishes `n` one-record batches to `topic` on the leader, all at once, as independent
+/// clients would; returns the answers.
+async fn publish_concurrently(cluster: &Cluster, topic: &str, n: usize) -> Vec<PublishResponse> {
     let leader = cluster.leader_id().await;
-    let url = format!("{}/v1/topics/gc/records", cluster.url(leader));
-    const N: usize = 256;
-
-    // All requests are sent at once, one record each, as independent clients would.
+    let url = format!("{}/v1/topics/{topic}/records", cluster.url(leader));
     let mut tasks = Vec::new();
-    for i in 0..N {
+    for i in 0..n {
         let http = cluster.http().clone();
         let url = url.clone();
         tasks.push(tokio::spawn(async move {
@@ -44,6 +40,15 @@ async fn concurrent_publishes_share_entries_and_get_dense_offsets() {
             Err(e) => cluster.fail(&e),
         }
     }
+    answers
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_publishes_share_entries_and_get_dense_offsets() {
+    let cluster = Cluster::start(3).await;
+    cluster.create_topic("gc").await;
+    const N: usize = 256;
+    let answers = publish_concurrently(&cluster, "gc", N).await;
 
     let offsets: BTreeSet<u64> = answers.iter().map(|a| a.first_offset).collect();
     assert_eq!(offsets.len(), N, "every publish gets its own offset");
@@ -71,4 +76,20 @@ async fn concurrent_publishes_share_entries_and_get_dense_offsets() {
     let log = cluster.consistent_log("gc").await;
     let values: BTreeSet<String> = log.iter().filter_map(|r| r.value.clone()).collect();
     assert_eq!(values.len(), N);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_one_command_per_entry_every_publish_is_an_entry_of_its_own() {
+    let cluster = Cluster::start_with(3, &["--max-entry-commands", "1"]).await;
+    cluster.create_topic("solo").await;
+    const N: usize = 64;
+    let answers = publish_concurrently(&cluster, "solo", N).await;
+    let entries: BTreeSet<u64> = answers.iter().map(|a| a.commit_point.index).collect();
+    assert_eq!(
+        entries.len(),
+        N,
+        "--max-entry-commands 1: each publish has an entry of its own"
+    );
+    let offsets: BTreeSet<u64> = answers.iter().map(|a| a.first_offset).collect();
+    assert_eq!(offsets.len(), N);
 }
