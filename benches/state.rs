@@ -111,28 +111,45 @@ fn topic_state(records: usize) -> SmState {
     state
 }
 
+/// Measures applying `entry` at `index` to a fresh copy of `state` (the copy is not timed).
+fn apply_on(
+    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    name: &str,
+    state: &SmState,
+    index: u64,
+    entry: &Batch,
+) {
+    group.bench_function(name, |b| {
+        b.iter_batched_ref(
+            || state.clone(),
+            |s| apply(s, index, black_box(entry)),
+            BatchSize::SmallInput,
+        )
+    });
+}
+
 fn bench_apply(c: &mut Criterion) {
     let mut group = c.benchmark_group("apply");
     group.throughput(Throughput::Elements(RECORDS as u64));
 
     let state = topic_state(0);
     let entry = publishes();
-    group.bench_function("publish_64_commands_of_1_record", |b| {
-        b.iter_batched_ref(
-            || state.clone(),
-            |s| apply(s, 10, black_box(&entry)),
-            BatchSize::SmallInput,
-        )
-    });
+    apply_on(
+        &mut group,
+        "publish_64_commands_of_1_record",
+        &state,
+        10,
+        &entry,
+    );
 
     let entry = batch(vec![publish((0..RECORDS).map(record).collect(), None)]);
-    group.bench_function("publish_1_command_of_64_records", |b| {
-        b.iter_batched_ref(
-            || state.clone(),
-            |s| apply(s, 10, black_box(&entry)),
-            BatchSize::SmallInput,
-        )
-    });
+    apply_on(
+        &mut group,
+        "publish_1_command_of_64_records",
+        &state,
+        10,
+        &entry,
+    );
 
     let entry = batch(
         (0..RECORDS)
@@ -147,13 +164,13 @@ fn bench_apply(c: &mut Criterion) {
             })
             .collect(),
     );
-    group.bench_function("publish_idempotent_64_commands", |b| {
-        b.iter_batched_ref(
-            || state.clone(),
-            |s| apply(s, 10, black_box(&entry)),
-            BatchSize::SmallInput,
-        )
-    });
+    apply_on(
+        &mut group,
+        "publish_idempotent_64_commands",
+        &state,
+        10,
+        &entry,
+    );
 
     let filled = topic_state(10_000);
     let pull = batch(vec![Command::Pull(Pull {
@@ -161,13 +178,7 @@ fn bench_apply(c: &mut Criterion) {
         max: RECORDS as u32,
         ack_timeout_ms: None,
     })]);
-    group.bench_function("pull_64", |b| {
-        b.iter_batched_ref(
-            || filled.clone(),
-            |s| apply(s, 100, black_box(&pull)),
-            BatchSize::SmallInput,
-        )
-    });
+    apply_on(&mut group, "pull_64", &filled, 100, &pull);
 
     let mut leased = filled.clone();
     let receipts = match apply(&mut leased, 100, &pull).pop() {
@@ -179,13 +190,7 @@ fn bench_apply(c: &mut Criterion) {
         action: ReceiptAction::Ack,
         receipts,
     })]);
-    group.bench_function("ack_64", |b| {
-        b.iter_batched_ref(
-            || leased.clone(),
-            |s| apply(s, 101, black_box(&ack)),
-            BatchSize::SmallInput,
-        )
-    });
+    apply_on(&mut group, "ack_64", &leased, 101, &ack);
 
     let cursor = batch(vec![Command::SetCursor(SetCursor {
         sub: sub_ref(),
@@ -194,25 +199,13 @@ fn bench_apply(c: &mut Criterion) {
         forward_only: false,
     })]);
     group.throughput(Throughput::Elements(1));
-    group.bench_function("set_cursor", |b| {
-        b.iter_batched_ref(
-            || filled.clone(),
-            |s| apply(s, 100, black_box(&cursor)),
-            BatchSize::SmallInput,
-        )
-    });
+    apply_on(&mut group, "set_cursor", &filled, 100, &cursor);
 
     let create = batch(vec![Command::CreateTopic(CreateTopic {
         name: "another".to_string(),
         settings: TopicSettings::default(),
     })]);
-    group.bench_function("create_topic", |b| {
-        b.iter_batched_ref(
-            || filled.clone(),
-            |s| apply(s, 100, black_box(&create)),
-            BatchSize::SmallInput,
-        )
-    });
+    apply_on(&mut group, "create_topic", &filled, 100, &create);
     group.finish();
 }
 
