@@ -180,9 +180,15 @@ impl<T> Order<T> {
 
     /// Takes a command: pushes onto `out` what may be proposed now (the command, and any held
     /// successors it releases), in order; keeps it if its predecessor has not been proposed.
-    fn admit(&mut self, item: T, key: Option<(ProducerKey, u64)>, now: Instant, out: &mut Vec<T>) {
+    fn admit(
+        &mut self,
+        item: T,
+        key: Option<(ProducerKey, u64)>,
+        now: Instant,
+        out: &mut VecDeque<T>,
+    ) {
         let Some((key, seq)) = key else {
-            out.push(item);
+            out.push_back(item);
             return;
         };
         let early = self
@@ -198,12 +204,12 @@ impl<T> Order<T> {
             self.held_count += 1;
             return;
         }
-        out.push(item);
+        out.push_back(item);
         self.proposed(key, seq, now, out);
     }
 
     /// Records that `seq` of `key` goes out now, and releases the held batches that follow it.
-    fn proposed(&mut self, key: ProducerKey, seq: u64, now: Instant, out: &mut Vec<T>) {
+    fn proposed(&mut self, key: ProducerKey, seq: u64, now: Instant, out: &mut VecDeque<T>) {
         let mut last = seq;
         if let Some(&(before, _)) = self.last.get(&key) {
             last = last.max(before);
@@ -215,7 +221,7 @@ impl<T> Order<T> {
                 }
                 let ((next, _), (item, _)) = entry.remove_entry();
                 self.held_count -= 1;
-                out.push(item);
+                out.push_back(item);
                 last = last.max(next);
             }
             if slot.is_empty() {
@@ -241,23 +247,20 @@ impl<T> Order<T> {
     }
 
     /// Releases every producer's held batches that waited [`HOLD_MAX`], with what follows them.
-    fn release_due(&mut self, now: Instant, out: &mut Vec<T>) {
-        let due: Vec<(ProducerKey, u64)> = self
+    fn release_due(&mut self, now: Instant, out: &mut VecDeque<T>) {
+        let due: Vec<ProducerKey> = self
             .held
             .iter()
-            .filter_map(|(key, slot)| {
-                slot.iter()
-                    .find(|(_, (_, since))| *since + HOLD_MAX <= now)
-                    .map(|(&(seq, _), _)| (key.clone(), seq))
-            })
+            .filter(|(_, slot)| slot.values().any(|(_, since)| *since + HOLD_MAX <= now))
+            .map(|(key, _)| key.clone())
             .collect();
-        for (key, _) in due {
+        for key in due {
             // The waiting is over for this producer: everything it holds goes, in order.
             if let Some(slot) = self.held.remove(&key) {
                 let mut last = None;
                 for ((seq, _), (item, _)) in slot {
                     self.held_count -= 1;
-                    out.push(item);
+                    out.push_back(item);
                     last = Some(seq);
                 }
                 if let Some(seq) = last {
@@ -280,9 +283,7 @@ async fn run(raft: Raft, mut rx: mpsc::Receiver<Pending>, limits: ProposerLimits
     let mut closed = false;
     let admit = |order: &mut Order<Pending>, ready: &mut VecDeque<Pending>, p: Pending| {
         let key = producer_key(&p.command);
-        let mut out = Vec::new();
-        order.admit(p, key, Instant::now(), &mut out);
-        ready.extend(out);
+        order.admit(p, key, Instant::now(), ready);
     };
     loop {
         // Wait for a free pipeline slot first: commands arriving meanwhile join the batch.
@@ -300,9 +301,7 @@ async fn run(raft: Raft, mut rx: mpsc::Receiver<Pending>, limits: ProposerLimits
                     None => closed = true,
                 },
                 _ = sleep_until_opt(release_at), if release_at.is_some() => {
-                    let mut out = Vec::new();
-                    order.release_due(Instant::now(), &mut out);
-                    ready.extend(out);
+                    order.release_due(Instant::now(), &mut ready);
                 }
             }
         }
@@ -313,9 +312,7 @@ async fn run(raft: Raft, mut rx: mpsc::Receiver<Pending>, limits: ProposerLimits
             }
         }
         if order.is_holding() {
-            let mut out = Vec::new();
-            order.release_due(Instant::now(), &mut out);
-            ready.extend(out);
+            order.release_due(Instant::now(), &mut ready);
         }
         let mut bytes = 0;
         let mut batch = Vec::new();
@@ -418,9 +415,9 @@ mod tests {
         items
             .iter()
             .map(|&(label, producer, seq)| {
-                let mut out = Vec::new();
+                let mut out = VecDeque::new();
                 order.admit(label, Some((key(producer), seq)), now, &mut out);
-                out
+                Vec::from(out)
             })
             .collect()
     }
@@ -468,7 +465,7 @@ mod tests {
     #[test]
     fn a_producer_seen_first_and_retries_are_never_held() {
         let mut order = Order::new();
-        let mut out = Vec::new();
+        let mut out = VecDeque::new();
         order.admit("x", None, Instant::now(), &mut out);
         let outs = admit_all(
             &mut order,
@@ -509,7 +506,7 @@ mod tests {
             start,
         );
         assert_eq!(order.next_release(), Some(start + HOLD_MAX));
-        let mut out = Vec::new();
+        let mut out = VecDeque::new();
         order.release_due(start + HOLD_MAX - Duration::from_millis(1), &mut out);
         assert!(out.is_empty(), "released before its time: {out:?}");
         order.release_due(start + HOLD_MAX, &mut out);
@@ -527,7 +524,7 @@ mod tests {
     fn no_more_than_max_held_batches_wait() {
         let mut order = Order::new();
         let now = Instant::now();
-        let mut out = Vec::new();
+        let mut out = VecDeque::new();
         order.admit(0, Some((key("a"), 0)), now, &mut out);
         for seq in 2..(MAX_HELD as u64 + 2) {
             order.admit(seq, Some((key("a"), seq)), now, &mut out);
