@@ -62,6 +62,24 @@ pub enum Workload {
     Disk,
 }
 
+impl Workload {
+    /// The name on the command line, in results and in topic names.
+    fn name(self) -> &'static str {
+        match self {
+            Workload::P1 => "p1",
+            Workload::P2 => "p2",
+            Workload::P3 => "p3",
+            Workload::P4 => "p4",
+            Workload::Disk => "disk",
+        }
+    }
+}
+
+/// The topic a workload runs on: `<prefix>-<workload>-<run id>-<round>`, lower-case.
+fn topic_name(prefix: &str, workload: Workload, run_id: &str, round: u32) -> String {
+    format!("{prefix}-{}-{run_id}-{round}", workload.name()).to_lowercase()
+}
+
 /// How P1, P3 and the pre-fills publish.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -192,9 +210,10 @@ pub struct Outcome {
     pub mib_per_s: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub latency_ms: Option<Latency>,
-    /// P2: messages delivered more than once. P4: records/s of each reader.
+    /// P2: messages delivered more than once.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub redelivered: Option<u64>,
+    /// P4: records/s of each reader.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub per_reader_msgs_per_s: Vec<f64>,
     /// P2 and P4: the pre-fill or concurrent producer's own rate.
@@ -244,10 +263,12 @@ fn check(args: &BenchArgs) -> Result<(), Failure> {
     if args.repeat == 0 {
         return usage("--repeat is at least 1".into());
     }
-    if !raftq_client::api::is_valid_name(&format!("{}-p1-00000000", args.topic_prefix)) {
+    // The longest name a run makes: a topic-creating workload, an 8-digit run id, the last round.
+    let longest = topic_name(&args.topic_prefix, Workload::P1, "00000000", args.repeat);
+    if !raftq_client::api::is_valid_name(&longest) {
         return usage(format!(
-            "--topic-prefix {:?} does not make valid topic names ([A-Za-z0-9._-], at most 110 \
-             characters)",
+            "--topic-prefix {:?} does not make valid topic names ({longest:?}: \
+             [A-Za-z0-9._-], at most 128 characters)",
             args.topic_prefix
         ));
     }
@@ -346,13 +367,7 @@ fn summary(outcomes: &[Outcome]) -> String {
                     .as_ref()
                     .map_or("-".to_string(), |l| format!("{:.2}", f(l)))
             };
-            let peak = o
-                .memory
-                .iter()
-                .map(|m| m.rss_peak_mib)
-                .fold(None, |acc: Option<f64>, x| {
-                    Some(acc.map_or(x, |a| a.max(x)))
-                });
+            let peak = o.memory.iter().map(|m| m.rss_peak_mib).reduce(f64::max);
             vec![
                 format!("{:?}", o.workload),
                 o.run.to_string(),
@@ -563,16 +578,21 @@ impl Ctx {
         bar
     }
 
+    /// The SDK producer's most records per batch: `--producer-batch-records`, else
+    /// `--inflight`.
+    fn producer_batch_records(&self) -> usize {
+        self.args
+            .producer_batch_records
+            .unwrap_or(self.args.inflight)
+            .clamp(1, 10_000)
+    }
+
     fn deadline(&self) -> Instant {
         Instant::now() + Duration::from_secs(self.args.max_secs)
     }
 
     async fn fresh_topic(&self, workload: Workload, round: u32) -> Result<String, Failure> {
-        let name = format!(
-            "{}-{:?}-{}-{round}",
-            self.args.topic_prefix, workload, self.run_id
-        )
-        .to_lowercase();
+        let name = topic_name(&self.args.topic_prefix, workload, &self.run_id, round);
         // A leftover of an earlier run with the same id would skew the counts.
         match self.client.delete_topic(&name).await {
             Ok(()) => {}
@@ -609,9 +629,15 @@ impl Ctx {
         let watch = MemoryWatch::start(&self.args.watch_pids);
         let errors = Arc::new(Errors::default());
         let mut outcome = match workload {
-            Workload::P1 => self.p1(&topic, &errors).await?,
+            Workload::P1 => {
+                self.publishing(workload, &topic, self.args.n, self.args.inflight, &errors)
+                    .await?
+            }
             Workload::P2 => self.p2(&topic, &errors).await?,
-            Workload::P3 => self.p3(&topic, &errors).await?,
+            Workload::P3 => {
+                self.publishing(workload, &topic, self.args.lat_n, 1, &errors)
+                    .await?
+            }
             Workload::P4 => self.p4(&topic, &errors).await?,
             Workload::Disk => unreachable!("handled above"),
         };
@@ -638,20 +664,16 @@ impl Ctx {
             c.insert("producer_batches", a.producer_batches.into());
             c.insert(
                 "producer_batch_records",
-                a.producer_batch_records.unwrap_or(a.inflight).into(),
+                self.producer_batch_records().into(),
             );
             c.insert("linger_ms", a.linger_ms.into());
         }
-        match workload {
-            Workload::P1 | Workload::P4 => {
-                c.insert("inflight", a.inflight.into());
-            }
-            Workload::P2 => {
-                c.insert("inflight", a.inflight.into());
-                c.insert("consumers", a.consumers.into());
-                c.insert("batch", a.batch.into());
-            }
-            Workload::P3 | Workload::Disk => {}
+        if matches!(workload, Workload::P1 | Workload::P2 | Workload::P4) {
+            c.insert("inflight", a.inflight.into());
+        }
+        if workload == Workload::P2 {
+            c.insert("consumers", a.consumers.into());
+            c.insert("batch", a.batch.into());
         }
         if workload == Workload::P4 {
             c.insert("readers", a.readers.into());
@@ -700,12 +722,7 @@ impl Ctx {
                     .linger(Duration::from_millis(self.args.linger_ms))
                     .max_in_flight(self.args.producer_batches)
                     .buffer_records(inflight.max(1) * 2)
-                    .max_batch_records(
-                        self.args
-                            .producer_batch_records
-                            .unwrap_or(inflight)
-                            .clamp(1, 10_000),
-                    );
+                    .max_batch_records(self.producer_batch_records());
                 let producer = Producer::open(self.client.clone(), topic, options)
                     .await
                     .map_err(Failure::Producer)?;
@@ -804,10 +821,13 @@ impl Ctx {
         let secs = Duration::from_secs(self.args.disk_secs.max(1));
         let bar = self.progress("disk", 2);
         let path = dir.join(format!("raftq-disk-probe-{}", self.run_id));
+        let halves = bar.clone();
         let probe = tokio::task::spawn_blocking(move || -> std::io::Result<DiskProbe> {
             let result = (|| {
                 let small = append_fsync(&path, 4096, secs)?;
+                halves.inc(1);
                 let large = append_fsync(&path, 1 << 20, secs)?;
+                halves.inc(1);
                 Ok(DiskProbe {
                     fsyncs_4k_per_s: round(small, 1),
                     mib_per_s_1m: round(large, 1),
@@ -837,25 +857,20 @@ impl Ctx {
         Ok(outcome)
     }
 
-    async fn p1(&self, topic: &str, errors: &Arc<Errors>) -> Result<Outcome, Failure> {
-        let n = self.args.n;
-        let bar = self.progress("P1", n);
-        let published = self
-            .publish(topic, n, self.args.inflight, &bar, errors)
-            .await?;
+    /// P1 (`n` records, `inflight` calls in flight) and P3 (one in flight): the publishing run
+    /// and its latencies.
+    async fn publishing(
+        &self,
+        workload: Workload,
+        topic: &str,
+        n: u64,
+        inflight: usize,
+        errors: &Arc<Errors>,
+    ) -> Result<Outcome, Failure> {
+        let bar = self.progress(&workload.name().to_uppercase(), n);
+        let published = self.publish(topic, n, inflight, &bar, errors).await?;
         bar.finish_and_clear();
-        let mut outcome = self.outcome(Workload::P1, topic, n, published.ok, published.secs);
-        outcome.latency_ms = latency(&published.latencies);
-        outcome.producer = published.producer;
-        Ok(outcome)
-    }
-
-    async fn p3(&self, topic: &str, errors: &Arc<Errors>) -> Result<Outcome, Failure> {
-        let n = self.args.lat_n;
-        let bar = self.progress("P3", n);
-        let published = self.publish(topic, n, 1, &bar, errors).await?;
-        bar.finish_and_clear();
-        let mut outcome = self.outcome(Workload::P3, topic, n, published.ok, published.secs);
+        let mut outcome = self.outcome(workload, topic, n, published.ok, published.secs);
         outcome.latency_ms = latency(&published.latencies);
         outcome.producer = published.producer;
         Ok(outcome)
