@@ -43,7 +43,7 @@ cleanup() {
 trap cleanup EXIT
 scripts/cluster.sh up
 
-bin="${RAFTQ_BIN:-$CARGO_TARGET_DIR/release/raftq}"
+bin="$(server_binary)"
 pids=()
 for id in 1 2 3; do
     pids+=(--watch-pid "$(<"$RAFTQ_DATA_DIR/node$id.pid")")

@@ -121,20 +121,6 @@ find_leader() {
     return 1
 }
 
-server_binary() {
-    if [[ -n "${RAFTQ_BIN:-}" ]]; then
-        local bin="$RAFTQ_BIN"
-        [[ "$bin" == */* ]] || bin="$(command -v "$bin" || true)"
-        [[ -n "$bin" && -x "$bin" ]] || die "RAFTQ_BIN=$RAFTQ_BIN is not an executable file"
-        echo "$(cd "$(dirname "$bin")" && pwd -P)/$(basename "$bin")"
-    elif [[ "$CARGO_TARGET_DIR" == /* ]]; then
-        echo "$CARGO_TARGET_DIR/release/raftq"
-    else
-        # cargo runs in the repository root, so a relative target dir is relative to it.
-        realpath -m -- "$RAFTQ_ROOT/$CARGO_TARGET_DIR/release/raftq"
-    fi
-}
-
 build() {
     if [[ -n "${RAFTQ_BIN:-}" ]]; then
         info "using RAFTQ_BIN=$RAFTQ_BIN (not building)"

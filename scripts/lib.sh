@@ -113,3 +113,19 @@ ensure_rust_components() {
 rocksdb_cold() {
     ! compgen -G "$CARGO_TARGET_DIR/release/build/librocksdb-sys-*/output" >/dev/null
 }
+
+# The raftq binary the scripts run: RAFTQ_BIN (a path, or a name on PATH) when set, else the
+# release build in CARGO_TARGET_DIR; always printed as an absolute path.
+server_binary() {
+    if [[ -n "${RAFTQ_BIN:-}" ]]; then
+        local bin="$RAFTQ_BIN"
+        [[ "$bin" == */* ]] || bin="$(command -v "$bin" || true)"
+        [[ -n "$bin" && -x "$bin" ]] || die "RAFTQ_BIN=$RAFTQ_BIN is not an executable file"
+        echo "$(cd "$(dirname "$bin")" && pwd -P)/$(basename "$bin")"
+    elif [[ "$CARGO_TARGET_DIR" == /* ]]; then
+        echo "$CARGO_TARGET_DIR/release/raftq"
+    else
+        # cargo runs in the repository root, so a relative target dir is relative to it.
+        realpath -m -- "$RAFTQ_ROOT/$CARGO_TARGET_DIR/release/raftq"
+    fi
+}
