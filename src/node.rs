@@ -10,6 +10,7 @@
 //! 4. Raft stops, the HTTP server stops, RocksDB's WAL is fsynced and the memtables flushed,
 //!    the database is closed and the process exits 0.
 
+use openraft::async_runtime::watch::WatchReceiver as _;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -82,7 +83,7 @@ impl Node {
     /// The current leader's id and URL, when known.
     pub fn leader(&self) -> Option<(NodeId, String)> {
         let m = self.raft.metrics();
-        let m = m.borrow();
+        let m = m.borrow_watched();
         let id = m.current_leader?;
         let url = m.membership_config.membership().get_node(&id)?.addr.clone();
         Some((id, url))
@@ -90,7 +91,7 @@ impl Node {
 
     /// Whether this node believes it leads.
     pub fn is_leader(&self) -> bool {
-        self.raft.metrics().borrow().current_leader == Some(self.id)
+        self.raft.metrics().borrow_watched().current_leader == Some(self.id)
     }
 
     /// Whether this node leads and has heard from a quorum recently. A leader cut off from
@@ -98,15 +99,16 @@ impl Node {
     /// must not take writes that can only time out, nor report itself ready.
     pub fn leads_with_quorum(&self) -> bool {
         let m = self.raft.metrics();
-        let m = m.borrow();
+        let m = m.borrow_watched();
         if m.current_leader != Some(self.id) {
             return false;
         }
         if m.membership_config.membership().voter_ids().count() <= 1 {
             return true;
         }
-        m.millis_since_quorum_ack
-            .is_some_and(|ms| ms <= QUORUM_STALE_MS)
+        m.last_quorum_acked.as_ref().is_some_and(|acked| {
+            openraft::Instant::elapsed(&**acked) <= Duration::from_millis(QUORUM_STALE_MS)
+        })
     }
 
     /// Whether a leadership transfer is under way on this node.
@@ -140,7 +142,7 @@ impl Node {
                 return Err(ApiError::invalid(format!("node {id} already leads")))
             }
             Some(id) => {
-                let m = self.raft.metrics().borrow().clone();
+                let m = self.raft.metrics().borrow_watched().clone();
                 let membership = m.membership_config.membership();
                 if !membership.voter_ids().any(|v| v == id) {
                     return Err(ApiError::invalid(format!(
@@ -179,7 +181,7 @@ impl Node {
         hand_over(self, target, url, paused, deadline).await;
         let mut rx = self.raft.metrics();
         loop {
-            let leader = rx.borrow().current_leader;
+            let leader = rx.borrow_watched().current_leader;
             match leader {
                 Some(id) if id != self.id => return Ok(id),
                 _ => {}
@@ -359,7 +361,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
 async fn watch_fatal(node: AppState) -> String {
     let mut rx = node.raft.metrics();
     loop {
-        if let Err(fatal) = &rx.borrow().running_state {
+        if let Err(fatal) = &rx.borrow_watched().running_state {
             if !node.stopping_raft.load(Ordering::SeqCst) {
                 return format!("Raft stopped with a fatal error: {fatal}");
             }
@@ -394,9 +396,6 @@ fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-/// On the leader: proposes a tick entry when a lease expires or a nack delay ends and nothing
-/// else moved the clock past it, so expired records become available again (and waiting pulls
-/// are answered) without a client write. Time in the state machine stays the leader's
 /// Snapshot policy by size: openraft triggers a snapshot after `snapshot_logs` entries; this
 /// task also triggers one once `snapshot_bytes` of commands were applied since the last, so a
 /// few huge entries cannot grow the log without bound either.
@@ -417,6 +416,10 @@ async fn snapshot_by_bytes(node: AppState) {
         }
     }
 }
+
+/// On the leader: proposes a tick entry when a lease expires or a nack delay ends and nothing
+/// else moved the clock past it, so expired records become available again (and waiting pulls
+/// are answered) without a client write. Time in the state machine stays the leader's
 /// stamped time; this task only decides when to stamp.
 async fn ticker(node: AppState) {
     let mut applied = node.sm.subscribe_applied();
@@ -612,7 +615,7 @@ const SHUTDOWN_LINGER: Duration = Duration::from_millis(250);
 
 /// The follower with the most of the log, to hand leadership to.
 fn most_up_to_date_follower(node: &Node) -> Option<(NodeId, String)> {
-    let m = node.raft.metrics().borrow().clone();
+    let m = node.raft.metrics().borrow_watched().clone();
     let membership = m.membership_config.membership();
     let voters: Vec<NodeId> = membership.voter_ids().filter(|id| *id != node.id).collect();
     let repl = m.replication.as_ref()?;
@@ -657,7 +660,7 @@ async fn wait_followers_caught_up(node: &Node, deadline: Instant) {
     let bound = (Instant::now() + Duration::from_secs(3)).min(deadline);
     loop {
         let done = {
-            let m = rx.borrow();
+            let m = rx.borrow_watched();
             let last = m.last_log_index;
             match &m.replication {
                 Some(repl) => repl

@@ -20,6 +20,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use openraft::error::ClientWriteError;
+use openraft::impls::ProgressResponder;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use crate::raft::{NodeId, Raft};
@@ -331,7 +332,8 @@ async fn run(raft: Raft, mut rx: mpsc::Receiver<Pending>, limits: ProposerLimits
             time_ms: now_ms(),
             commands,
         });
-        match raft.client_write_ff(payload).await {
+        let (responder, _commit, receiver) = ProgressResponder::new();
+        match raft.client_write_ff(payload, Some(responder)).await {
             Err(fatal) => {
                 let msg = format!("raft stopped: {fatal}");
                 for r in replies {
@@ -339,7 +341,7 @@ async fn run(raft: Raft, mut rx: mpsc::Receiver<Pending>, limits: ProposerLimits
                 }
                 return;
             }
-            Ok(receiver) => {
+            Ok(()) => {
                 tokio::spawn(async move {
                     let answer = receiver.await;
                     drop(permit);
@@ -353,7 +355,7 @@ async fn run(raft: Raft, mut rx: mpsc::Receiver<Pending>, limits: ProposerLimits
 type WriteAnswer = Result<
     Result<
         openraft::raft::ClientWriteResponse<crate::raft::TypeConfig>,
-        ClientWriteError<NodeId, openraft::BasicNode>,
+        ClientWriteError<crate::raft::TypeConfig>,
     >,
     oneshot::error::RecvError,
 >;
@@ -372,8 +374,10 @@ fn deliver(answer: WriteAnswer, replies: Vec<oneshot::Sender<Proposal>>) {
             }
         }
         Ok(Err(ClientWriteError::ForwardToLeader(f))) => {
-            // openraft answers ForwardToLeader only for entries it never appended, or that
-            // were truncated away: either way they are not, and never will be, committed.
+            // openraft answers ForwardToLeader only for entries it never appended, so they
+            // are not, and never will be, committed. An entry appended and then replaced by
+            // another leader's log is `LogEntryDiscarded` (it may still commit elsewhere): that
+            // one falls to the indeterminate arm below.
             let err = ProposeError::NotLeader {
                 leader_id: f.leader_id,
                 leader_url: f.leader_node.map(|n| n.addr),

@@ -1132,7 +1132,7 @@ async fn bad_input_is_refused_and_changes_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn raft_endpoints_need_the_cluster_secret() {
     use openraft::raft::VoteRequest;
-    use openraft::Vote;
+    use raftq::raft::{TypeConfig, Vote};
 
     let c = Cluster::start(3).await;
     let leader = c.leader_id().await;
@@ -1143,16 +1143,17 @@ async fn raft_endpoints_need_the_cluster_secret() {
 
     // A well-formed vote request for a much higher term: if it got through, the node would
     // move to that term and the cluster would hold a new election.
-    let vote = VoteRequest::<u64> {
+    let vote = VoteRequest::<TypeConfig> {
         vote: Vote::new(term + 100, 99),
         last_log_id: None,
+        leadership_transfer: false,
     };
     let vote_body = raftq::codec::encode(&vote).expect("encode a vote request");
 
     let mut failures = Vec::new();
     for node in [follower, leader] {
         let base = c.url(node);
-        for endpoint in ["append", "vote", "snapshot"] {
+        for endpoint in ["append", "vote", "pre-vote", "snapshot"] {
             let url = format!("{base}/raft/{endpoint}");
             let attempts = [
                 (

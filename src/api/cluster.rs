@@ -1,5 +1,6 @@
 //! `GET /v1/cluster`, `/healthz` and `/readyz`.
 
+use openraft::async_runtime::watch::WatchReceiver as _;
 use std::sync::atomic::Ordering;
 
 use std::time::{Duration, Instant};
@@ -38,7 +39,7 @@ pub async fn status(
     } else {
         None
     };
-    let m = node.raft.metrics().borrow().clone();
+    let m = node.raft.metrics().borrow_watched().clone();
     let membership = m.membership_config.membership();
     let voters: Vec<u64> = membership.voter_ids().collect();
     let leader_url = m
@@ -117,7 +118,7 @@ pub async fn readyz(State(node): State<AppState>) -> Result<Json<Value>, ApiErro
     if node.is_shutting_down() {
         return Err(ApiError::shutting_down(None));
     }
-    let m = node.raft.metrics().borrow().clone();
+    let m = node.raft.metrics().borrow_watched().clone();
     let Some(leader) = m.current_leader else {
         return Err(ApiError::no_leader());
     };

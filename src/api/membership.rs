@@ -6,6 +6,7 @@
 //! voters agree on every step. A node id that was removed is never accepted again: the state
 //! machine remembers every retired id.
 
+use openraft::async_runtime::watch::WatchReceiver as _;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
@@ -24,12 +25,12 @@ use raftq_client::api::{
 use super::error::ApiError;
 use super::parse_json;
 use crate::node::AppState;
-use crate::raft::NodeId;
+use crate::raft::{NodeId, TypeConfig};
 
 /// How long adding a learner waits for it to catch up.
 const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(60);
 
-fn membership_error(e: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>) -> ApiError {
+fn membership_error(e: RaftError<TypeConfig, ClientWriteError<TypeConfig>>) -> ApiError {
     match e {
         RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => {
             match (f.leader_id, f.leader_node) {
@@ -44,6 +45,12 @@ fn membership_error(e: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>) -
             .with_status(409),
             other => ApiError::invalid(other.to_string()),
         },
+        RaftError::APIError(e @ ClientWriteError::LogEntryDiscarded(_)) => {
+            ApiError::indeterminate(e.to_string())
+        }
+        RaftError::APIError(e @ ClientWriteError::PreconditionFailed(_)) => {
+            ApiError::internal(e.to_string())
+        }
         RaftError::Fatal(f) => ApiError::indeterminate(format!("Raft stopped: {f}")),
     }
 }
@@ -55,7 +62,7 @@ async fn status(node: &AppState) -> Result<Json<ClusterStatus>, ApiError> {
 /// The voters, every member with its URL, and whether a change is half done (a joint
 /// configuration, whose voters are the union of the old and the new set).
 fn members(node: &AppState) -> (BTreeSet<NodeId>, BTreeMap<NodeId, String>, bool) {
-    let m = node.raft.metrics().borrow().clone();
+    let m = node.raft.metrics().borrow_watched().clone();
     let membership = m.membership_config.membership();
     let voters = membership.voter_ids().collect();
     let nodes = membership
@@ -117,11 +124,11 @@ pub async fn add_node(
 /// Waits until `id` has replicated the leader's log as it was when the wait began.
 async fn wait_caught_up(node: &AppState, id: NodeId) -> Result<(), ApiError> {
     let mut rx = node.raft.metrics();
-    let target = rx.borrow().last_log_index;
+    let target = rx.borrow_watched().last_log_index;
     let deadline = Instant::now() + CATCH_UP_TIMEOUT;
     loop {
         let matched = rx
-            .borrow()
+            .borrow_watched()
             .replication
             .as_ref()
             .and_then(|r| r.get(&id).copied().flatten())

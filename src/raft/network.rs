@@ -1,26 +1,41 @@
 //! Node-to-node Raft RPC, client side: bincode bodies over HTTP, authenticated with the
 //! cluster secret. One pooled HTTP client per node keeps connections alive between calls.
+//!
+//! A snapshot travels as one streamed request: a length-prefixed header (the leader's vote and
+//! the snapshot's meta) followed by the snapshot file, read 1 MiB at a time.
 
-use std::error::Error;
+use std::future::Future;
 use std::sync::Arc;
 
 use openraft::error::{
-    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+    NetworkError, RPCError, RaftError, ReplicationClosed, StreamingError, Unreachable,
 };
-use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::network::{RPCOption, RaftNetworkFactory};
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
-    VoteRequest, VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
 };
-use openraft::{AnyError, BasicNode};
+use openraft::{BasicNode, RaftNetworkV2};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use tokio::io::AsyncReadExt;
 
-use super::{NodeId, TypeConfig};
+use super::{NodeId, Snapshot, SnapshotData, SnapshotMeta, TypeConfig, Vote};
 use crate::codec;
 
 /// The header that carries the cluster secret on every Raft RPC.
 pub const SECRET_HEADER: &str = "x-raftq-cluster-secret";
+
+/// How long one snapshot transfer may take at most.
+const SNAPSHOT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
+/// Read size when streaming a snapshot file.
+const SNAPSHOT_CHUNK: usize = 1 << 20;
+
+/// What precedes the snapshot file in a snapshot transfer.
+#[derive(Debug, Serialize, serde::Deserialize)]
+pub struct SnapshotHeader {
+    pub vote: Vote,
+    pub meta: SnapshotMeta,
+}
 
 /// Builds connections to peers.
 #[derive(Clone)]
@@ -65,28 +80,26 @@ impl RaftNetworkFactory<TypeConfig> for Network {
     }
 }
 
-type RpcResult<T, E> = Result<T, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>;
+type RpcResult<T> = Result<T, RPCError<TypeConfig>>;
+
+fn network_err(e: impl std::fmt::Display) -> RPCError<TypeConfig> {
+    RPCError::Network(NetworkError::from_string(e))
+}
 
 impl Peer {
-    async fn call<Req, Resp, E>(
+    async fn post(
         &self,
         path: &str,
-        req: &Req,
-        option: &RPCOption,
-    ) -> RpcResult<Resp, E>
-    where
-        Req: Serialize,
-        Resp: DeserializeOwned,
-        E: Error + DeserializeOwned,
-    {
-        let body = codec::encode(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        body: reqwest::Body,
+        timeout: std::time::Duration,
+    ) -> RpcResult<bytes::Bytes> {
         let resp = self
             .net
             .http
             .post(format!("{}/raft/{path}", self.url))
             .header(SECRET_HEADER, &*self.net.secret)
             .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
-            .timeout(option.hard_ttl())
+            .timeout(timeout)
             .body(body)
             .send()
             .await
@@ -98,44 +111,111 @@ impl Peer {
                 }
             })?;
         let status = resp.status();
-        let bytes = resp
-            .bytes()
-            .await
-            .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let bytes = resp.bytes().await.map_err(network_err)?;
         if !status.is_success() {
             let text = String::from_utf8_lossy(&bytes[..bytes.len().min(512)]).into_owned();
-            let err = AnyError::error(format!("peer {} answered {status}: {text}", self.target));
-            return Err(RPCError::Network(NetworkError::new(&err)));
+            return Err(network_err(format!(
+                "peer {} answered {status}: {text}",
+                self.target
+            )));
         }
-        let result: Result<Resp, RaftError<NodeId, E>> =
-            codec::decode_limited(&bytes, self.net.decode_limit)
-                .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        result.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+        Ok(bytes)
+    }
+
+    /// Decodes a peer's answer: its result, or a Raft error it reported (a node that is
+    /// shutting down or has stopped), which is as good as unreachable.
+    fn answer<Resp: DeserializeOwned>(&self, bytes: &[u8]) -> RpcResult<Resp> {
+        let result: Result<Resp, RaftError<TypeConfig>> =
+            codec::decode_limited(bytes, self.net.decode_limit).map_err(network_err)?;
+        result.map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))
+    }
+
+    async fn call<Req, Resp>(&self, path: &str, req: &Req, option: &RPCOption) -> RpcResult<Resp>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+    {
+        let body = codec::encode(req).map_err(network_err)?;
+        let bytes = self.post(path, body.into(), option.hard_ttl()).await?;
+        self.answer(&bytes)
+    }
+
+    async fn send_snapshot(
+        &self,
+        vote: Vote,
+        snapshot: Snapshot,
+    ) -> RpcResult<SnapshotResponse<TypeConfig>> {
+        let header = codec::encode(&SnapshotHeader {
+            vote,
+            meta: snapshot.meta,
+        })
+        .map_err(network_err)?;
+        let mut prefix = (header.len() as u64).to_le_bytes().to_vec();
+        prefix.extend(header);
+        let file: SnapshotData = snapshot.snapshot;
+        let chunks =
+            futures::stream::unfold((Some(prefix), file), |(prefix, mut file)| async move {
+                if let Some(p) = prefix {
+                    return Some((Ok::<_, std::io::Error>(bytes::Bytes::from(p)), (None, file)));
+                }
+                let mut buf = vec![0u8; SNAPSHOT_CHUNK];
+                match file.read(&mut buf).await {
+                    Ok(0) => None,
+                    Ok(n) => {
+                        buf.truncate(n);
+                        Some((Ok(bytes::Bytes::from(buf)), (None, file)))
+                    }
+                    Err(e) => Some((Err(e), (None, file))),
+                }
+            });
+        let bytes = self
+            .post(
+                "snapshot",
+                reqwest::Body::wrap_stream(chunks),
+                SNAPSHOT_TIMEOUT,
+            )
+            .await?;
+        self.answer(&bytes)
     }
 }
 
-impl RaftNetwork<TypeConfig> for Peer {
+impl RaftNetworkV2<TypeConfig> for Peer {
+    type SnapshotData = SnapshotData;
+
     async fn append_entries(
         &mut self,
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
-    ) -> RpcResult<AppendEntriesResponse<NodeId>, openraft::error::Infallible> {
+    ) -> RpcResult<AppendEntriesResponse<TypeConfig>> {
         self.call("append", &rpc, &option).await
-    }
-
-    async fn install_snapshot(
-        &mut self,
-        rpc: InstallSnapshotRequest<TypeConfig>,
-        option: RPCOption,
-    ) -> RpcResult<InstallSnapshotResponse<NodeId>, InstallSnapshotError> {
-        self.call("snapshot", &rpc, &option).await
     }
 
     async fn vote(
         &mut self,
-        rpc: VoteRequest<NodeId>,
+        rpc: VoteRequest<TypeConfig>,
         option: RPCOption,
-    ) -> RpcResult<VoteResponse<NodeId>, openraft::error::Infallible> {
+    ) -> RpcResult<VoteResponse<TypeConfig>> {
         self.call("vote", &rpc, &option).await
+    }
+
+    async fn pre_vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> RpcResult<VoteResponse<TypeConfig>> {
+        self.call("pre-vote", &rpc, &option).await
+    }
+
+    async fn full_snapshot(
+        &mut self,
+        vote: Vote,
+        snapshot: Snapshot,
+        cancel: impl Future<Output = ReplicationClosed> + openraft::OptionalSend + 'static,
+        _option: RPCOption,
+    ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
+        tokio::select! {
+            closed = cancel => Err(StreamingError::Closed(closed)),
+            res = self.send_snapshot(vote, snapshot) => Ok(res?),
+        }
     }
 }

@@ -11,14 +11,18 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
+use openraft::async_runtime::watch::WatchReceiver as _;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::network::SECRET_HEADER;
+use openraft::error::RaftError;
+
+use super::network::{SnapshotHeader, SECRET_HEADER};
 use crate::api::error::ApiError;
 use crate::codec;
 use crate::node::AppState;
-use crate::raft::Raft;
+use crate::raft::{Raft, Snapshot, SnapshotData, TypeConfig};
+use crate::store::StateMachineStore;
 
 /// Constant-time comparison, so a wrong secret's timing says nothing about the right one.
 pub fn secret_matches(given: &[u8], expected: &[u8]) -> bool {
@@ -98,15 +102,117 @@ async fn vote(
     serve_rpc(s, h, body, |raft, req| async move { raft.vote(req).await }).await
 }
 
-async fn snapshot(
+async fn pre_vote(
     State(s): State<AppState>,
     h: HeaderMap,
     body: RpcBody,
 ) -> Result<Response, ApiError> {
-    serve_rpc(s, h, body, |raft, req| async move {
-        raft.install_snapshot(req).await
-    })
+    serve_rpc(
+        s,
+        h,
+        body,
+        |raft, req| async move { raft.pre_vote(req).await },
+    )
     .await
+}
+
+/// Receives a snapshot: the header (vote and meta), then the file, streamed to a temp file in
+/// the snapshot directory; then hands it to Raft, which installs it through the state machine
+/// (checked whole, fsynced, renamed into place, loaded).
+async fn snapshot(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: axum::body::Body,
+) -> Result<Response, ApiError> {
+    authorize(&state, &headers)?;
+    let store = StateMachineStore::new(state.sm.clone());
+    let (file, path) = store
+        .begin_receiving_snapshot()
+        .await
+        .map_err(|e| ApiError::internal(format!("cannot receive a snapshot: {e}")))?;
+    let result = receive_snapshot(&state, file, body).await;
+    // The state machine has copied what it installs; the received stream is not needed.
+    let _ = tokio::fs::remove_file(&path).await;
+    result
+}
+
+async fn receive_snapshot(
+    state: &AppState,
+    mut file: SnapshotData,
+    body: axum::body::Body,
+) -> Result<Response, ApiError> {
+    use futures::StreamExt;
+    use tokio::io::{AsyncSeekExt, AsyncWriteExt};
+
+    let header_limit = state.settings.raft_body_limit as u64;
+    let io = |e: std::io::Error| ApiError::internal(format!("storing a received snapshot: {e}"));
+    let mut head = Vec::new();
+    let mut header: Option<SnapshotHeader> = None;
+    let mut stream = body.into_data_stream();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| ApiError::invalid(format!("snapshot body: {e}")))?;
+        let mut data = &chunk[..];
+        if header.is_none() {
+            head.extend_from_slice(data);
+            data = &[];
+            if head.len() < 8 {
+                continue;
+            }
+            let len = u64::from_le_bytes(head[..8].try_into().unwrap_or_default());
+            if len > header_limit {
+                return Err(ApiError::invalid(format!(
+                    "snapshot header of {len} bytes is over the limit of {header_limit}"
+                )));
+            }
+            let end = 8 + len as usize;
+            if head.len() < end {
+                continue;
+            }
+            header = Some(decode(state, &head[8..end])?);
+            file.write_all(&head[end..]).await.map_err(io)?;
+        }
+        file.write_all(data).await.map_err(io)?;
+    }
+    let Some(header) = header else {
+        return Err(ApiError::invalid("snapshot body ended before its header"));
+    };
+    file.flush().await.map_err(io)?;
+    file.rewind().await.map_err(io)?;
+    check_snapshot(state, &header)?;
+    let snapshot = Snapshot {
+        meta: header.meta,
+        snapshot: file,
+    };
+    let result = state
+        .raft
+        .install_full_snapshot(header.vote, snapshot)
+        .await
+        .map_err(RaftError::<TypeConfig>::Fatal);
+    Ok(reply(&result))
+}
+
+/// Refuses a snapshot that no leader following the protocol can send, which openraft would
+/// treat as a broken invariant: one holding entries of a term beyond the sender's vote, or one
+/// ahead of what this node has committed but not past its committed index.
+fn check_snapshot(state: &AppState, header: &SnapshotHeader) -> Result<(), ApiError> {
+    let Some(last) = &header.meta.last_log_id else {
+        return Ok(());
+    };
+    if last.committed_leader_id() > &header.vote.leader_id {
+        return Err(ApiError::invalid(format!(
+            "snapshot up to {last} is beyond the sender's vote {}",
+            header.vote
+        )));
+    }
+    let m = state.raft.metrics().borrow_watched().clone();
+    if let Some(committed) = &m.local_committed {
+        if last > committed && last.index <= committed.index {
+            return Err(ApiError::invalid(format!(
+                "snapshot up to {last} contradicts the committed log up to {committed}"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Starts an election on this node now. A leader that shuts down asks its most up-to-date
@@ -117,7 +223,7 @@ async fn elect(State(state): State<AppState>, headers: HeaderMap) -> Result<Resp
     state
         .raft
         .trigger()
-        .elect()
+        .elect(false)
         .await
         .map_err(|e| ApiError::internal(e.to_string()))?;
     Ok(StatusCode::NO_CONTENT.into_response())
@@ -131,14 +237,14 @@ async fn status(State(state): State<AppState>, headers: HeaderMap) -> Result<Res
         .is_initialized()
         .await
         .map_err(|e| ApiError::internal(e.to_string()))?;
-    let m = state.raft.metrics().borrow().clone();
+    let m = state.raft.metrics().borrow_watched().clone();
     let voters: Vec<u64> = m.membership_config.membership().voter_ids().collect();
     // On the leader: how far each node has replicated (in memory since it became leader).
     let matched: std::collections::BTreeMap<String, u64> = m
         .replication
         .iter()
         .flatten()
-        .filter_map(|(id, l)| l.map(|l| (id.to_string(), l.index)))
+        .filter_map(|(id, l)| l.as_ref().map(|l| (id.to_string(), l.index)))
         .collect();
     Ok(axum::Json(serde_json::json!({
         "node_id": state.id,
@@ -154,6 +260,7 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/raft/append", post(append))
         .route("/raft/vote", post(vote))
+        .route("/raft/pre-vote", post(pre_vote))
         .route("/raft/snapshot", post(snapshot))
         .route("/raft/status", get(status))
         .route("/raft/elect", post(elect))

@@ -46,6 +46,20 @@ pub enum LogPayload {
     V1(Batch),
 }
 
+/// How an entry's payload appears in Raft's logs: its size, never its contents.
+impl std::fmt::Display for LogPayload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LogPayload::V1(b) => write!(
+                f,
+                "v1 batch of {} commands at {} ms",
+                b.commands.len(),
+                b.time_ms
+            ),
+        }
+    }
+}
+
 /// Many client commands proposed together (group commit): one entry, one fsync.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Batch {

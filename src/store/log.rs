@@ -1,23 +1,29 @@
 //! The Raft log and Raft metadata on RocksDB.
 //!
-//! Durability rules (DESIGN.md): an append is reported flushed only after a synced write
-//! batch (the WAL is fsynced); the vote is saved with sync before `save_vote` returns; the
-//! last purged log id is written in the same synced batch that deletes the entries it covers,
-//! so a crash can never leave a hole between "purged" and "present". Every write goes through
-//! one blocking thread at a time (openraft serializes log I/O), off the async runtime.
+//! Durability rules (DESIGN.md): an append is reported flushed only after the write-ahead log
+//! holding it is fsynced; the vote is saved with sync before `save_vote` returns; the last
+//! purged log id is written in the same synced batch that deletes the entries it covers, so a
+//! crash can never leave a hole between "purged" and "present".
+//!
+//! Appends are asynchronous, as openraft 0.10 allows: `append` writes the entries (readable at
+//! once, not yet durable) and returns; the flusher thread fsyncs the WAL and only then reports
+//! them flushed. Meanwhile the leader already replicates them, so its own fsync overlaps the
+//! followers'. Every append queued while an fsync runs shares the next one (group commit).
+//! Writes are issued in the order openraft gives them, one at a time.
 
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 
-use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
-use openraft::{ErrorSubject, ErrorVerb, OptionalSend, RaftLogId, RaftLogReader, StorageIOError};
+use openraft::entry::RaftEntry;
+use openraft::storage::{IOFlushed, LogState, RaftLogStorage};
+use openraft::{OptionalSend, RaftLogReader};
 use rocksdb::{Direction, IteratorMode, WriteBatch, DB};
 
 use super::{keys, CF_LOG, CF_RAFT};
 use crate::codec;
-use crate::raft::{io_err, Entry, LogId, StorageResult, TypeConfig, Vote};
+use crate::raft::{to_io, Entry, LogId, StorageResult, TypeConfig, Vote};
 
 /// Version byte in front of every stored log entry.
 const ENTRY_FORMAT: u8 = 1;
@@ -28,6 +34,23 @@ pub struct LogStore {
     db: Arc<DB>,
     /// The highest committed index this node knows of, for status and readiness.
     committed: Arc<AtomicU64>,
+    /// Appends written but not yet reported flushed, in order, to the flusher thread.
+    flusher: mpsc::Sender<IOFlushed<TypeConfig>>,
+}
+
+/// The flusher thread: waits for an append, takes every other append queued behind it, fsyncs
+/// the WAL once and reports all of them. It ends when the last `LogStore` clone is dropped.
+fn run_flusher(db: Arc<DB>, rx: mpsc::Receiver<IOFlushed<TypeConfig>>) {
+    while let Ok(first) = rx.recv() {
+        let mut waiting = vec![first];
+        waiting.extend(rx.try_iter());
+        // Syncs the WAL files up to everything written so far, which includes every append
+        // in `waiting`: each was written before it was queued.
+        let result = db.flush_wal(true).map_err(|e| e.to_string());
+        for callback in waiting {
+            callback.io_completed(result.clone().map_err(to_io));
+        }
+    }
 }
 
 fn index_key(index: u64) -> [u8; 8] {
@@ -35,40 +58,42 @@ fn index_key(index: u64) -> [u8; 8] {
 }
 
 fn parse_index(key: &[u8]) -> StorageResult<u64> {
-    let bytes: [u8; 8] = key.try_into().map_err(|_| {
-        io_err(
-            StorageIOError::read_logs,
-            format!("bad log key of {} bytes", key.len()),
-        )
-    })?;
+    let bytes: [u8; 8] = key
+        .try_into()
+        .map_err(|_| to_io(format!("bad log key of {} bytes", key.len())))?;
     Ok(u64::from_be_bytes(bytes))
 }
 
 fn encode_entry(entry: &Entry) -> StorageResult<Vec<u8>> {
     let mut out = vec![ENTRY_FORMAT];
-    out.extend(codec::encode(entry).map_err(|e| io_err(StorageIOError::write_logs, e))?);
+    out.extend(codec::encode(entry).map_err(to_io)?);
     Ok(out)
 }
 
 fn decode_entry(bytes: &[u8]) -> StorageResult<Entry> {
     match bytes.split_first() {
-        Some((&ENTRY_FORMAT, rest)) => codec::decode(rest)
-            .map_err(|e| io_err(StorageIOError::read_logs, format!("corrupt log entry: {e}"))),
-        Some((v, _)) => Err(io_err(
-            StorageIOError::read_logs,
-            format!(
-                "log entry has unknown format version {v}; this raftq is too old for this data"
-            ),
-        )),
-        None => Err(io_err(StorageIOError::read_logs, "empty log entry")),
+        Some((&ENTRY_FORMAT, rest)) => {
+            codec::decode(rest).map_err(|e| to_io(format!("corrupt log entry: {e}")))
+        }
+        Some((v, _)) => Err(to_io(format!(
+            "log entry has unknown format version {v}; this raftq is too old for this data"
+        ))),
+        None => Err(to_io("empty log entry")),
     }
 }
 
 impl LogStore {
     pub fn new(db: Arc<DB>) -> Self {
+        let (flusher, rx) = mpsc::channel();
+        let flush_db = db.clone();
+        std::thread::Builder::new()
+            .name("raftq-log-flush".into())
+            .spawn(move || run_flusher(flush_db, rx))
+            .expect("spawning the log flusher thread");
         let store = LogStore {
             db,
             committed: Arc::new(AtomicU64::new(0)),
+            flusher,
         };
         if let Ok(Some(Some(c))) = store.get_meta::<Option<LogId>>(keys::COMMITTED) {
             store.committed.store(c.index, Ordering::Relaxed);
@@ -82,40 +107,30 @@ impl LogStore {
     }
 
     fn cf(&self, name: &str) -> StorageResult<&rocksdb::ColumnFamily> {
-        self.db.cf_handle(name).ok_or_else(|| {
-            io_err(
-                StorageIOError::read,
-                format!("column family {name} missing"),
-            )
-        })
+        self.db
+            .cf_handle(name)
+            .ok_or_else(|| to_io(format!("column family {name} missing")))
     }
 
     fn get_meta<T: serde::de::DeserializeOwned>(&self, key: &[u8]) -> StorageResult<Option<T>> {
         let cf = self.cf(CF_RAFT)?;
-        match self
-            .db
-            .get_cf(cf, key)
-            .map_err(|e| io_err(StorageIOError::read, e))?
-        {
+        match self.db.get_cf(cf, key).map_err(to_io)? {
             None => Ok(None),
-            Some(bytes) => codec::decode(&bytes).map(Some).map_err(|e| {
-                io_err(
-                    StorageIOError::read,
-                    format!("corrupt raft metadata {key:?}: {e}"),
-                )
-            }),
+            Some(bytes) => codec::decode(&bytes)
+                .map(Some)
+                .map_err(|e| to_io(format!("corrupt raft metadata {key:?}: {e}"))),
         }
     }
 
     /// Runs a blocking RocksDB write off the async runtime.
-    async fn write(&self, batch: WriteBatch, sync: bool) -> Result<(), String> {
+    async fn write(&self, batch: WriteBatch, sync: bool) -> StorageResult<()> {
         let db = self.db.clone();
         tokio::task::spawn_blocking(move || {
             db.write_opt(batch, &super::write_options(sync))
-                .map_err(|e| e.to_string())
+                .map_err(to_io)
         })
         .await
-        .unwrap_or_else(|join| Err(format!("write task failed: {join}")))
+        .unwrap_or_else(|join| Err(to_io(format!("write task failed: {join}"))))
     }
 
     fn last_entry_id(&self) -> StorageResult<Option<LogId>> {
@@ -123,8 +138,8 @@ impl LogStore {
         let mut it = self.db.iterator_cf(cf, IteratorMode::End);
         match it.next() {
             None => Ok(None),
-            Some(Err(e)) => Err(io_err(StorageIOError::read_logs, e)),
-            Some(Ok((_, v))) => Ok(Some(*decode_entry(&v)?.get_log_id())),
+            Some(Err(e)) => Err(to_io(e)),
+            Some(Ok((_, v))) => Ok(Some(decode_entry(&v)?.log_id())),
         }
     }
 }
@@ -145,21 +160,25 @@ impl RaftLogReader<TypeConfig> for LogStore {
             cf,
             IteratorMode::From(&index_key(start), Direction::Forward),
         ) {
-            let (k, v) = item.map_err(|e| io_err(StorageIOError::read_logs, e))?;
+            let (k, v) = item.map_err(to_io)?;
             let index = parse_index(&k)?;
             if !range.contains(&index) {
                 break;
             }
             let entry = decode_entry(&v)?;
-            if entry.get_log_id().index != index {
-                return Err(io_err(
-                    StorageIOError::read_logs,
-                    format!("log key {index} holds entry {}", entry.get_log_id()),
-                ));
+            if entry.index() != index {
+                return Err(to_io(format!(
+                    "log key {index} holds entry {}",
+                    entry.log_id()
+                )));
             }
             out.push(entry);
         }
         Ok(out)
+    }
+
+    async fn read_vote(&mut self) -> StorageResult<Option<Vote>> {
+        self.get_meta(keys::VOTE)
     }
 }
 
@@ -181,36 +200,28 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn save_vote(&mut self, vote: &Vote) -> StorageResult<()> {
         let mut batch = WriteBatch::default();
-        let bytes = codec::encode(vote).map_err(|e| io_err(StorageIOError::write_vote, e))?;
+        let bytes = codec::encode(vote).map_err(to_io)?;
         batch.put_cf(self.cf(CF_RAFT)?, keys::VOTE, bytes);
-        self.write(batch, true)
-            .await
-            .map_err(|e| io_err(StorageIOError::write_vote, e))
-    }
-
-    async fn read_vote(&mut self) -> StorageResult<Option<Vote>> {
-        self.get_meta(keys::VOTE)
+        self.write(batch, true).await
     }
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> StorageResult<()> {
         // Not synced: losing it on a crash only means re-learning the commit index from the
         // leader; it never makes the node claim more than was committed.
-        if let Some(c) = committed {
+        if let Some(c) = &committed {
             self.committed.fetch_max(c.index, Ordering::Relaxed);
         }
         let mut batch = WriteBatch::default();
-        let bytes = codec::encode(&committed).map_err(|e| io_err(StorageIOError::write, e))?;
+        let bytes = codec::encode(&committed).map_err(to_io)?;
         batch.put_cf(self.cf(CF_RAFT)?, keys::COMMITTED, bytes);
-        self.write(batch, false)
-            .await
-            .map_err(|e| io_err(StorageIOError::write, e))
+        self.write(batch, false).await
     }
 
     async fn read_committed(&mut self) -> StorageResult<Option<LogId>> {
         Ok(self.get_meta::<Option<LogId>>(keys::COMMITTED)?.flatten())
     }
 
-    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> StorageResult<()>
+    async fn append<I>(&mut self, entries: I, callback: IOFlushed<TypeConfig>) -> StorageResult<()>
     where
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
@@ -219,53 +230,32 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         {
             let cf = self.cf(CF_LOG)?;
             for entry in entries {
-                batch.put_cf(
-                    cf,
-                    index_key(entry.get_log_id().index),
-                    encode_entry(&entry)?,
-                );
+                batch.put_cf(cf, index_key(entry.index()), encode_entry(&entry)?);
             }
         }
-        // One synced batch: every entry of this append shares one fsync (group commit).
-        match self.write(batch, true).await {
-            Ok(()) => {
-                callback.log_io_completed(Ok(()));
-                Ok(())
-            }
-            Err(e) => {
-                callback.log_io_completed(Err(crate::raft::to_io(&e)));
-                Err(StorageIOError::new(
-                    ErrorSubject::Logs,
-                    ErrorVerb::Write,
-                    openraft::AnyError::error(e),
-                )
-                .into())
-            }
-        }
+        // Written, and so readable for replication, before this returns; durable once the
+        // flusher has fsynced the WAL, which is when openraft hears that it is flushed.
+        self.write(batch, false).await?;
+        self.flusher
+            .send(callback)
+            .map_err(|_| to_io("the log flusher thread has stopped"))
     }
 
-    async fn truncate(&mut self, log_id: LogId) -> StorageResult<()> {
+    async fn truncate_after(&mut self, last_log_id: Option<LogId>) -> StorageResult<()> {
+        let from = last_log_id.map_or(0, |l| l.index + 1);
         let mut batch = WriteBatch::default();
-        batch.delete_range_cf(
-            self.cf(CF_LOG)?,
-            index_key(log_id.index),
-            index_key(u64::MAX),
-        );
+        batch.delete_range_cf(self.cf(CF_LOG)?, index_key(from), index_key(u64::MAX));
         // The last index (u64::MAX) is not covered by the exclusive range end; it can never be used.
-        self.write(batch, true)
-            .await
-            .map_err(|e| io_err(StorageIOError::write_logs, e))
+        self.write(batch, true).await
     }
 
     async fn purge(&mut self, log_id: LogId) -> StorageResult<()> {
         let mut batch = WriteBatch::default();
-        let bytes = codec::encode(&log_id).map_err(|e| io_err(StorageIOError::write_logs, e))?;
+        let bytes = codec::encode(&log_id).map_err(to_io)?;
         // Recording the purge point and deleting what it covers in one synced batch: a crash
         // leaves both or neither.
         batch.put_cf(self.cf(CF_RAFT)?, keys::LAST_PURGED, bytes);
         batch.delete_range_cf(self.cf(CF_LOG)?, index_key(0), index_key(log_id.index + 1));
-        self.write(batch, true)
-            .await
-            .map_err(|e| io_err(StorageIOError::write_logs, e))
+        self.write(batch, true).await
     }
 }

@@ -9,15 +9,17 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use openraft::storage::EntryResponder;
 use openraft::storage::RaftStateMachine;
-use openraft::{EntryPayload, RaftSnapshotBuilder, StorageIOError};
+use openraft::{EntryPayload, RaftSnapshotBuilder};
 use rocksdb::{Direction, IteratorMode, WriteBatch, DB};
 use tokio::sync::watch;
 
 use super::{keys, snapshot, CF_SM};
 use crate::codec;
 use crate::raft::{
-    io_err, Entry, LogId, Snapshot, SnapshotMeta, StorageResult, StoredMembership, TypeConfig,
+    to_io, Entry, LogId, Snapshot, SnapshotData, SnapshotMeta, StorageResult, StoredMembership,
+    TypeConfig,
 };
 use crate::state::{
     apply_entry, pending_record, ApplyResponse, CommitPoint, LogPayload, ProducerState,
@@ -41,7 +43,7 @@ pub struct SmView {
 /// What the snapshot on disk is.
 #[derive(Debug, Clone)]
 struct CurrentSnapshot {
-    meta: SnapshotMeta,
+    meta: snapshot::FileMeta,
     path: PathBuf,
     bytes: u64,
 }
@@ -154,7 +156,7 @@ impl SmShared {
             .lock()
             .unwrap_or_else(|p| p.into_inner());
         cur.as_ref()
-            .map(|c| (c.meta.last_log_id.map_or(0, |l| l.index), c.bytes))
+            .map(|c| (c.meta.last_log_id.as_ref().map_or(0, |l| l.index), c.bytes))
     }
 
     /// Reads stored records of `topic` from `from` up to (excluding) `end`: at most `max`
@@ -194,12 +196,10 @@ impl SmShared {
 
     /// Applies entries and persists the result; blocking.
     fn apply_blocking(&self, entries: Vec<Entry>) -> StorageResult<Vec<ApplyResponse>> {
-        let cf = self.db.cf_handle(CF_SM).ok_or_else(|| {
-            io_err(
-                StorageIOError::write_state_machine,
-                "column family sm missing",
-            )
-        })?;
+        let cf = self
+            .db
+            .cf_handle(CF_SM)
+            .ok_or_else(|| to_io("column family sm missing"))?;
         let mut view = self.view_mut();
         let mut writes = Vec::new();
         let mut responses = Vec::with_capacity(entries.len());
@@ -256,7 +256,7 @@ impl SmShared {
         let mut batch = WriteBatch::default();
         let mut subs_touched = std::collections::BTreeSet::new();
         let mut topics_touched = std::collections::BTreeSet::new();
-        let enc = |e: bincode::Error| io_err(StorageIOError::write_state_machine, e);
+        let enc = |e: bincode::Error| to_io(e);
         for w in writes {
             match w {
                 Write::PutTopic(name) => {
@@ -356,7 +356,7 @@ impl SmShared {
         // the state machine share one WAL, so recovery replays a consistent prefix.
         self.db
             .write_opt(batch, &super::write_options(false))
-            .map_err(|e| io_err(StorageIOError::write_state_machine, e))?;
+            .map_err(to_io)?;
         let applied = view.commit_point.index;
         drop(view);
         self.applied_tx.send_replace(applied);
@@ -410,14 +410,13 @@ impl SmShared {
     }
 
     /// Builds a snapshot of the applied state durably and makes it the current one; blocking.
-    fn build_blocking(&self) -> StorageResult<(SnapshotMeta, PathBuf)> {
+    fn build_blocking(&self) -> StorageResult<(snapshot::FileMeta, PathBuf)> {
         self.snapshot_mark.store(
             self.applied_bytes.load(Ordering::Relaxed),
             Ordering::Relaxed,
         );
         let (meta, path, bytes) =
-            snapshot::build(&self.db, &self.snapshot_dir, snapshot_id_suffix())
-                .map_err(|e| io_err(crate::raft::snap_write, e))?;
+            snapshot::build(&self.db, &self.snapshot_dir, snapshot_id_suffix()).map_err(to_io)?;
         let mut cur = self
             .current_snapshot
             .lock()
@@ -435,18 +434,15 @@ impl SmShared {
     /// Stores a received snapshot durably, checks it is the one announced, and replaces the
     /// state machine with it; blocking.
     fn install_blocking(&self, src: &mut std::fs::File, want: &SnapshotMeta) -> StorageResult<()> {
-        let fail = |e: snapshot::SnapshotError| io_err(crate::raft::snap_write, e);
-        let fault = |e: std::io::Error| io_err(crate::raft::snap_write, e);
+        let fail = |e: snapshot::SnapshotError| to_io(e);
+        let fault = |e: std::io::Error| to_io(e);
         src.sync_all().map_err(fault)?;
         let (got, path) = snapshot::store_received(src, &self.snapshot_dir).map_err(fail)?;
-        if got.last_log_id != want.last_log_id || got.snapshot_id != want.snapshot_id {
-            return Err(io_err(
-                crate::raft::snap_write,
-                format!(
-                    "received snapshot {} does not match its meta {}",
-                    got.snapshot_id, want.snapshot_id
-                ),
-            ));
+        if got.last_log_id != want.last_log_id {
+            return Err(to_io(format!(
+                "received snapshot {} holds up to {:?}, but was announced as up to {:?}",
+                got.snapshot_id, got.last_log_id, want.last_log_id
+            )));
         }
         super::faults::point(super::faults::INSTALL_STORED).map_err(fault)?;
         let bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
@@ -570,7 +566,7 @@ impl StateMachineStore {
         let shared = self.shared.clone();
         tokio::task::spawn_blocking(move || f(shared))
             .await
-            .map_err(|e| io_err(StorageIOError::write_state_machine, e))?
+            .map_err(to_io)?
     }
 }
 
@@ -580,20 +576,42 @@ fn snapshot_id_suffix() -> u64 {
         .map_or(0, |d| d.as_nanos() as u64)
 }
 
-impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
-    async fn build_snapshot(&mut self) -> StorageResult<Snapshot> {
-        let (meta, path) = self.blocking(|shared| shared.build_blocking()).await?;
-        let file = tokio::fs::File::open(&path)
-            .await
-            .map_err(|e| io_err(crate::raft::snap_read, e))?;
+impl StateMachineStore {
+    /// A new, empty temp file in the snapshot directory to receive a snapshot into, and its
+    /// path (a leftover is removed when the node next starts).
+    pub async fn begin_receiving_snapshot(&self) -> StorageResult<(SnapshotData, PathBuf)> {
+        let dir = self.shared.snapshot_dir.clone();
+        tokio::fs::create_dir_all(&dir).await?;
+        let path = dir.join(format!("incoming-{}.tmp", snapshot_id_suffix()));
+        let file = tokio::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .await?;
+        Ok((file, path))
+    }
+
+    async fn open_snapshot(meta: snapshot::FileMeta, path: PathBuf) -> StorageResult<Snapshot> {
+        let file = tokio::fs::File::open(&path).await?;
         Ok(Snapshot {
-            meta,
-            snapshot: Box::new(file),
+            meta: meta.raft_meta(),
+            snapshot: file,
         })
     }
 }
 
+impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
+    type SnapshotData = SnapshotData;
+
+    async fn build_snapshot(&mut self) -> StorageResult<Snapshot> {
+        let (meta, path) = self.blocking(|shared| shared.build_blocking()).await?;
+        Self::open_snapshot(meta, path).await
+    }
+}
+
 impl RaftStateMachine<TypeConfig> for StateMachineStore {
+    type SnapshotData = SnapshotData;
     type SnapshotBuilder = StateMachineStore;
 
     async fn applied_state(&mut self) -> StorageResult<(Option<LogId>, StoredMembership)> {
@@ -601,40 +619,40 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         Ok((view.last_applied, view.membership.clone()))
     }
 
-    async fn apply<I>(&mut self, entries: I) -> StorageResult<Vec<ApplyResponse>>
+    async fn apply<Strm>(&mut self, mut entries: Strm) -> StorageResult<()>
     where
-        I: IntoIterator<Item = Entry> + openraft::OptionalSend,
-        I::IntoIter: openraft::OptionalSend,
+        Strm: futures::Stream<Item = StorageResult<EntryResponder<TypeConfig>>>
+            + Unpin
+            + openraft::OptionalSend,
     {
-        let entries: Vec<Entry> = entries.into_iter().collect();
-        self.blocking(move |shared| shared.apply_blocking(entries))
-            .await
+        use futures::StreamExt;
+        // Everything openraft hands over at once is applied in one RocksDB write batch.
+        let mut batch = Vec::new();
+        let mut responders = Vec::new();
+        while let Some(item) = entries.next().await {
+            let (entry, responder) = item?;
+            batch.push(entry);
+            responders.push(responder);
+        }
+        let responses = self
+            .blocking(move |shared| shared.apply_blocking(batch))
+            .await?;
+        for (responder, response) in responders.into_iter().zip(responses) {
+            if let Some(r) = responder {
+                r.send(response);
+            }
+        }
+        Ok(())
     }
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
         self.clone()
     }
 
-    async fn begin_receiving_snapshot(&mut self) -> StorageResult<Box<tokio::fs::File>> {
-        let dir = self.shared.snapshot_dir.clone();
-        tokio::fs::create_dir_all(&dir)
-            .await
-            .map_err(|e| io_err(crate::raft::snap_write, e))?;
-        let path = dir.join(format!("incoming-{}.tmp", snapshot_id_suffix()));
-        let file = tokio::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&path)
-            .await
-            .map_err(|e| io_err(crate::raft::snap_write, e))?;
-        Ok(Box::new(file))
-    }
-
     async fn install_snapshot(
         &mut self,
         meta: &SnapshotMeta,
-        snapshot: Box<tokio::fs::File>,
+        snapshot: SnapshotData,
     ) -> StorageResult<()> {
         let mut src = snapshot.into_std().await;
         let want = meta.clone();
@@ -651,22 +669,16 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             .clone();
         match cur {
             None => Ok(None),
-            Some(c) => {
-                let file = tokio::fs::File::open(&c.path)
-                    .await
-                    .map_err(|e| io_err(crate::raft::snap_read, e))?;
-                Ok(Some(Snapshot {
-                    meta: c.meta,
-                    snapshot: Box::new(file),
-                }))
-            }
+            Some(c) => Ok(Some(Self::open_snapshot(c.meta, c.path).await?)),
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use openraft::{CommittedLeaderId, EntryPayload};
+    use openraft::impls::leader_id_adv::LeaderId as CommittedLeaderId;
+    use openraft::vote::RaftLeaderId;
+    use openraft::EntryPayload;
 
     use super::super::open_db;
 
@@ -873,7 +885,9 @@ mod tests {
                 let _armed = crate::store::faults::arm(point);
                 let mut src = std::fs::File::open(&path).expect("snapshot file");
                 assert!(
-                    follower.install_blocking(&mut src, &meta).is_err(),
+                    follower
+                        .install_blocking(&mut src, &meta.raft_meta())
+                        .is_err(),
                     "{point} did not fail"
                 );
             }
@@ -898,7 +912,7 @@ mod tests {
             // And the install goes through when tried again.
             let mut src = std::fs::File::open(&path).expect("snapshot file");
             reopened
-                .install_blocking(&mut src, &meta)
+                .install_blocking(&mut src, &meta.raft_meta())
                 .expect("install after restart");
             assert_eq!(reopened.view().state, leader_state, "{point}");
         }

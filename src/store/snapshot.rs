@@ -2,7 +2,7 @@
 //!
 //! Layout (all integers little-endian):
 //! `b"RAFTQSNP"`, `u32` format version, `u64` meta length, meta (codec-encoded
-//! [`SnapshotMeta`]), then key/value pairs as `u32` key length, key, `u32` value length,
+//! [`FileMeta`]), then key/value pairs as `u32` key length, key, `u32` value length,
 //! value; then `u32::MAX`, the `u64` pair count, and a `u32` CRC-32 of every byte before it.
 //!
 //! A snapshot is written to `NAME.tmp`, fsynced, renamed to `NAME`, and the directory is
@@ -21,6 +21,26 @@ use super::faults;
 use super::{keys, CF_SM};
 use crate::codec;
 use crate::raft::{LogId, SnapshotMeta, StoredMembership};
+
+/// What a snapshot file says about itself: the last applied log id and the membership it
+/// holds, and its id (which names the file). Encoded field for field as openraft 0.9 encoded
+/// its snapshot meta, so files written by any raftq version read the same.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct FileMeta {
+    pub last_log_id: Option<LogId>,
+    pub last_membership: StoredMembership,
+    pub snapshot_id: String,
+}
+
+impl FileMeta {
+    /// The meta as openraft knows it (without the id).
+    pub fn raft_meta(&self) -> SnapshotMeta {
+        SnapshotMeta {
+            last_log_id: self.last_log_id,
+            last_membership: self.last_membership.clone(),
+        }
+    }
+}
 
 const MAGIC: &[u8; 8] = b"RAFTQSNP";
 /// Current snapshot format. Unknown versions are refused with a clear error.
@@ -100,7 +120,7 @@ fn read_item(r: &mut impl Read, len: u32) -> Result<Vec<u8>, SnapshotError> {
 }
 
 /// The final file name of a snapshot.
-pub fn file_name(meta: &SnapshotMeta) -> String {
+pub fn file_name(meta: &FileMeta) -> String {
     format!("snap-{}.snap", meta.snapshot_id)
 }
 
@@ -110,7 +130,7 @@ pub fn build(
     db: &DB,
     dir: &Path,
     id_suffix: u64,
-) -> Result<(SnapshotMeta, PathBuf, u64), SnapshotError> {
+) -> Result<(FileMeta, PathBuf, u64), SnapshotError> {
     fs::create_dir_all(dir)?;
     let cf = db
         .cf_handle(CF_SM)
@@ -125,8 +145,8 @@ pub fn build(
         Some(b) => codec::decode(&b).map_err(|e| SnapshotError::Corrupt(e.to_string()))?,
         None => StoredMembership::default(),
     };
-    let index = last_log_id.map_or(0, |l| l.index);
-    let meta = SnapshotMeta {
+    let index = last_log_id.as_ref().map_or(0, |l| l.index);
+    let meta = FileMeta {
         last_log_id,
         last_membership: membership,
         snapshot_id: format!("{index:020}-{id_suffix}"),
@@ -176,7 +196,7 @@ pub fn build(
 pub fn read(
     r: impl Read,
     mut pair: impl FnMut(Vec<u8>, Vec<u8>) -> Result<(), SnapshotError>,
-) -> Result<SnapshotMeta, SnapshotError> {
+) -> Result<FileMeta, SnapshotError> {
     let mut r = CrcReader {
         inner: BufReader::new(r),
         crc: Hasher::new(),
@@ -195,7 +215,7 @@ pub fn read(
         return Err(SnapshotError::Corrupt(format!("meta of {meta_len} bytes")));
     }
     let meta_bytes = read_item(&mut r, meta_len as u32)?;
-    let meta: SnapshotMeta =
+    let meta: FileMeta =
         codec::decode(&meta_bytes).map_err(|e| SnapshotError::Corrupt(format!("meta: {e}")))?;
     let mut count = 0u64;
     loop {
@@ -228,16 +248,13 @@ pub fn read(
 }
 
 /// Checks a whole snapshot file and returns its meta.
-pub fn verify(path: &Path) -> Result<SnapshotMeta, SnapshotError> {
+pub fn verify(path: &Path) -> Result<FileMeta, SnapshotError> {
     read(File::open(path)?, |_, _| Ok(()))
 }
 
 /// Copies a received snapshot stream into `dir` durably after checking it whole. Returns the
 /// meta and the final path.
-pub fn store_received(
-    src: &mut File,
-    dir: &Path,
-) -> Result<(SnapshotMeta, PathBuf), SnapshotError> {
+pub fn store_received(src: &mut File, dir: &Path) -> Result<(FileMeta, PathBuf), SnapshotError> {
     use std::io::Seek;
     fs::create_dir_all(dir)?;
     src.seek(io::SeekFrom::Start(0))?;
@@ -259,7 +276,7 @@ pub fn store_received(
 }
 
 /// Replaces the whole `sm` column family with the snapshot at `path`, in one synced batch.
-pub fn load_into(db: &DB, path: &Path) -> Result<SnapshotMeta, SnapshotError> {
+pub fn load_into(db: &DB, path: &Path) -> Result<FileMeta, SnapshotError> {
     let cf = db
         .cf_handle(CF_SM)
         .ok_or_else(|| SnapshotError::Corrupt("column family sm missing".into()))?;
@@ -274,13 +291,13 @@ pub fn load_into(db: &DB, path: &Path) -> Result<SnapshotMeta, SnapshotError> {
 }
 
 /// The newest complete snapshot in `dir`, if any; removes leftovers of interrupted writes.
-pub fn newest(dir: &Path) -> Result<Option<(SnapshotMeta, PathBuf)>, SnapshotError> {
+pub fn newest(dir: &Path) -> Result<Option<(FileMeta, PathBuf)>, SnapshotError> {
     let entries = match fs::read_dir(dir) {
         Ok(e) => e,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e.into()),
     };
-    let mut best: Option<(SnapshotMeta, PathBuf)> = None;
+    let mut best: Option<(FileMeta, PathBuf)> = None;
     for entry in entries {
         let path = entry?.path();
         let name = path
