@@ -331,6 +331,11 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
 
     let app = crate::api::router(node.clone()).merge(crate::raft::rpc::router(node.clone()));
     let (server_stop_tx, mut server_stop_rx) = watch::channel(false);
+    // Answers go out as soon as they are written (no Nagle delay behind an unacknowledged
+    // segment), as the clients' and peers' requests already do.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     let server = tokio::spawn(async move {
         axum::serve(listener, app)
             .with_graceful_shutdown(async move {

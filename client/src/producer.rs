@@ -1151,6 +1151,23 @@ impl Driver {
                 .open_since
                 .filter(|_| self.spooled || self.pipeline_has_room())
                 .map(|since| since + self.linger);
+            // A linger already over (always so with a zero linger) seals without a timer: one
+            // would only fire at the runtime's next millisecond tick, a millisecond added to
+            // every publish that could have gone at once. First, though, the producer lets
+            // every task that is ready run once and takes what they queued: callers woken
+            // together (by the answer to the previous batch) then share the next batch instead
+            // of the first of them going alone.
+            if linger_at.is_some_and(|at| at <= Instant::now()) {
+                tokio::task::yield_now().await;
+                for _ in 0..DRAIN_LIMIT {
+                    let Ok(msg) = self.rx.try_recv() else { break };
+                    if let Some(exit) = self.on_msg(Some(msg)) {
+                        return exit;
+                    }
+                }
+                self.seal_open();
+                continue;
+            }
             let event = tokio::select! {
                 joined = self.tasks.join_next_with_id(), if !self.tasks.is_empty() => {
                     Event::Attempt(joined)

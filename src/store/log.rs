@@ -9,7 +9,9 @@
 //! once, not yet durable) and returns; the flusher thread fsyncs the WAL and only then reports
 //! them flushed. Meanwhile the leader already replicates them, so its own fsync overlaps the
 //! followers'. Every append queued while an fsync runs shares the next one (group commit).
-//! Writes are issued in the order openraft gives them, one at a time.
+//! Writes are issued in the order openraft gives them, one at a time. Unsynced writes (appends,
+//! the committed id) run inline, a copy into the memtable and the page cache; synced ones (the
+//! vote, truncation, purge) run on the blocking pool.
 
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
@@ -214,7 +216,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let mut batch = WriteBatch::default();
         let bytes = codec::encode(&committed).map_err(to_io)?;
         batch.put_cf(self.cf(CF_RAFT)?, keys::COMMITTED, bytes);
-        self.write(batch, false).await
+        // Inline, like an append: a small unsynced write, on every commit.
+        self.db
+            .write_opt(batch, &super::write_options(false))
+            .map_err(to_io)
     }
 
     async fn read_committed(&mut self) -> StorageResult<Option<LogId>> {
@@ -235,7 +240,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         }
         // Written, and so readable for replication, before this returns; durable once the
         // flusher has fsynced the WAL, which is when openraft hears that it is flushed.
-        self.write(batch, false).await?;
+        // Inline, not on the blocking pool: an unsynced write only copies into the memtable
+        // and the WAL's page cache, and two thread hand-offs would cost more than it does.
+        self.db
+            .write_opt(batch, &super::write_options(false))
+            .map_err(to_io)?;
         self.flusher
             .send(callback)
             .map_err(|_| to_io("the log flusher thread has stopped"))

@@ -634,9 +634,9 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             batch.push(entry);
             responders.push(responder);
         }
-        let responses = self
-            .blocking(move |shared| shared.apply_blocking(batch))
-            .await?;
+        // Inline: applying is CPU work on memory plus one unsynced RocksDB write (microseconds
+        // per entry), cheaper than two thread hand-offs to the blocking pool and back.
+        let responses = self.shared.apply_blocking(batch)?;
         for (responder, response) in responders.into_iter().zip(responses) {
             if let Some(r) = responder {
                 r.send(response);
