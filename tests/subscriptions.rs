@@ -1342,6 +1342,12 @@ async fn expired_lease_is_redelivered_first_and_stale_receipt() {
         "expired record before fresh ones: {more:?}"
     );
     assert_eq!(counts(&more), vec![2, 1, 1], "{more:?}");
+    let got: Vec<Option<&str>> = more.iter().map(|m| m.value.as_deref()).collect();
+    assert_eq!(
+        got,
+        vec![Some("e/2"), Some("e/5"), Some("e/6")],
+        "each message carries its own record, across a gap in the offsets"
+    );
 
     // The dead consumer's receipts of the two redelivered records are stale.
     assert_eq!(

@@ -10,8 +10,9 @@
 //! 2. The open batch is sealed when it holds `max_batch_records` records or `max_batch_bytes`
 //!    bytes (JSON-encoded), when `linger` has passed since its first record and the batch could
 //!    be sent at once (while `max_in_flight` sealed batches are waiting or in flight, it keeps
-//!    filling: batches grow with the load, with no timer; with a spool it is sealed at `linger`
-//!    regardless), or on [`Producer::flush`] and [`Producer::close`]. Sealing gives it the next
+//!    filling: batches grow with the load, with no timer; a linger that is already over, as a
+//!    zero one always is, seals at once, after the tasks that are ready have run; with a spool
+//!    it is sealed at `linger` regardless), or on [`Producer::flush`] and [`Producer::close`]. Sealing gives it the next
 //!    **batch sequence**. With a spool, the batch is appended to the spool file and fsynced now, and
 //!    only then does `send` return: the record is *accepted*. Without one, `send` returns as
 //!    soon as the record is in the buffer.

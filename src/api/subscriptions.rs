@@ -279,6 +279,7 @@ pub async fn pull(
 }
 
 /// Fills leased deliveries with their records, read from this (the leader's) applied state.
+/// Deliveries of consecutive offsets (the usual case) are read with one range read each.
 fn messages(
     node: &AppState,
     sub: &SubRef,
@@ -288,28 +289,46 @@ fn messages(
         return Ok(vec![]);
     };
     let mut out = Vec::with_capacity(deliveries.len());
-    for d in deliveries {
-        let offset = d.receipt.offset;
+    let mut rest = deliveries.as_slice();
+    while let Some(first) = rest.first() {
+        let run = 1 + rest
+            .windows(2)
+            .take_while(|w| w[0].receipt.offset.checked_add(1) == Some(w[1].receipt.offset))
+            .count();
+        let (group, tail) = rest.split_at(run);
+        rest = tail;
+        let from = first.receipt.offset;
         let rows = node
             .sm
-            .read_records(&meta, offset, offset + 1, 1, u64::MAX)
-            .map_err(|e| ApiError::internal(format!("reading record {offset}: {e}")))?;
-        // A record gone since (its topic deleted) is not sent; its lease simply expires.
-        let Some((_, record)) = rows.into_iter().next() else {
-            continue;
-        };
-        let (value, value_b64) = api_value(record.value);
-        out.push(Message {
-            receipt: d.receipt.to_string(),
-            offset,
-            delivery_count: d.delivery_count,
-            lease_expires_ms: d.expires_ms,
-            timestamp_ms: record.timestamp_ms,
-            key: record.key,
-            headers: record.headers.into_iter().collect(),
-            value,
-            value_b64,
-        });
+            .read_records(
+                &meta,
+                from,
+                from.saturating_add(run as u64),
+                run as u64,
+                u64::MAX,
+            )
+            .map_err(|e| ApiError::internal(format!("reading records from {from}: {e}")))?;
+        let mut rows = rows.into_iter().peekable();
+        for d in group {
+            let offset = d.receipt.offset;
+            while rows.next_if(|(o, _)| *o < offset).is_some() {}
+            // A record gone since (its topic deleted) is not sent; its lease simply expires.
+            let Some((_, record)) = rows.next_if(|(o, _)| *o == offset) else {
+                continue;
+            };
+            let (value, value_b64) = api_value(record.value);
+            out.push(Message {
+                receipt: d.receipt.to_string(),
+                offset,
+                delivery_count: d.delivery_count,
+                lease_expires_ms: d.expires_ms,
+                timestamp_ms: record.timestamp_ms,
+                key: record.key,
+                headers: record.headers.into_iter().collect(),
+                value,
+                value_b64,
+            });
+        }
     }
     Ok(out)
 }

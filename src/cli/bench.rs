@@ -48,6 +48,9 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 const ACKS_IN_FLIGHT: usize = 2;
 /// Long-poll wait of pulls and reads.
 const WAIT: Duration = Duration::from_millis(1_000);
+/// How long a P2 consumer or P4 reader waits after an error before it tries again, so a node
+/// that keeps failing is not asked again in a tight loop.
+const ERROR_PAUSE: Duration = Duration::from_millis(50);
 
 /// One of the standard workloads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, ValueEnum, Serialize)]
@@ -927,6 +930,7 @@ impl Ctx {
                         Ok(pulled) => pulled,
                         Err(err) => {
                             errors.record(describe(&err));
+                            tokio::time::sleep(ERROR_PAUSE).await;
                             continue;
                         }
                     };
@@ -1016,7 +1020,10 @@ impl Ctx {
                             read += batch.records.len() as u64;
                             bar.inc(batch.records.len() as u64);
                         }
-                        Err(err) => errors.record(describe(&err)),
+                        Err(err) => {
+                            errors.record(describe(&err));
+                            tokio::time::sleep(ERROR_PAUSE).await;
+                        }
                     }
                 }
                 (read, start.elapsed().as_secs_f64())

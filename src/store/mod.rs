@@ -4,9 +4,9 @@
 //! - `raft`: Raft metadata: the vote, the committed log id, the last purged log id.
 //! - `sm`: the state machine: topic metadata, records, applied log id, membership, clock.
 //!
-//! All three share one write-ahead log, so a synced write (a log append, a vote) also makes
-//! every earlier unsynced write (state machine applies) durable, and recovery always sees a
-//! prefix of history. Architecture invariant: nothing outside this module touches RocksDB.
+//! All three share one write-ahead log, so a WAL fsync (the log flusher's after appends, or a
+//! synced write such as the vote) also makes every earlier unsynced write (state machine
+//! applies) durable, and recovery always sees a prefix of history. Architecture invariant: nothing outside this module touches RocksDB.
 
 // openraft's `StorageError` is large, and it is the error type its storage traits require.
 #![allow(clippy::result_large_err)]
