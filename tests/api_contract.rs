@@ -1240,6 +1240,70 @@ async fn raft_endpoints_need_the_cluster_secret() {
     c.consistent_log("r").await;
 }
 
+/// A snapshot that no leader following the protocol could send (entries of a term beyond the
+/// sender's vote) or a broken snapshot file is refused with a 400 to the sender: the node keeps
+/// its state and keeps serving, rather than stopping on a broken invariant or a failed install.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshots_no_leader_could_send_are_refused() {
+    use openraft::impls::leader_id_adv::LeaderId;
+    use raftq::raft::network::SnapshotHeader;
+    use raftq::raft::{LogId, SnapshotMeta, Vote};
+
+    let c = Cluster::start(3).await;
+    let leader = c.leader_id().await;
+    let follower = c.follower_id().await;
+    c.create_topic("s").await;
+    let term = c.status(leader).await.unwrap_or_else(|e| c.fail(&e)).term;
+    let body = |snapshot_term: u64, file: &[u8]| {
+        let header = SnapshotHeader {
+            vote: Vote::new_committed(term, leader),
+            meta: SnapshotMeta {
+                last_log_id: Some(LogId::new(
+                    LeaderId {
+                        term: snapshot_term,
+                        node_id: leader,
+                    },
+                    1_000_000,
+                )),
+                last_membership: Default::default(),
+            },
+        };
+        let header = raftq::codec::encode(&header).expect("encode a snapshot header");
+        let mut body = (header.len() as u64).to_le_bytes().to_vec();
+        body.extend(header);
+        body.extend_from_slice(file);
+        body
+    };
+    let url = format!("{}/raft/snapshot", c.url(follower));
+    for (what, bytes) in [
+        (
+            "entries beyond the sender's vote",
+            body(term + 1, b"RAFTQSNP"),
+        ),
+        (
+            "a file that is not a snapshot",
+            body(term, b"not a snapshot at all"),
+        ),
+    ] {
+        let request = c
+            .http()
+            .post(&url)
+            .header(SECRET_HEADER, SECRET)
+            .body(bytes);
+        let resp = c.send(request, &url).await;
+        if let Err(e) = Cluster::check_problem(resp, 400, "invalid_argument").await {
+            c.fail(&format!("a snapshot with {what}: {e}"));
+        }
+    }
+
+    // Nothing moved: the follower still runs, at the same term, and follows the leader.
+    let status = c.status(follower).await.unwrap_or_else(|e| c.fail(&e));
+    assert_eq!(status.term, term, "the follower changed term");
+    let ack = c.publish_values("s", &["after".to_string()]).await;
+    assert_eq!(ack.first_offset, 0);
+    c.consistent_log("s").await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_status_health_and_readiness() {
     let c = Cluster::start(3).await;

@@ -22,7 +22,7 @@ use crate::api::error::ApiError;
 use crate::codec;
 use crate::node::AppState;
 use crate::raft::{Raft, Snapshot, SnapshotData, TypeConfig};
-use crate::store::StateMachineStore;
+use crate::store::{snapshot, StateMachineStore};
 
 /// Constant-time comparison, so a wrong secret's timing says nothing about the right one.
 pub fn secret_matches(given: &[u8], expected: &[u8]) -> bool {
@@ -130,7 +130,7 @@ async fn snapshot(
         .begin_receiving_snapshot()
         .await
         .map_err(|e| ApiError::internal(format!("cannot receive a snapshot: {e}")))?;
-    let result = receive_snapshot(&state, file, body).await;
+    let result = receive_snapshot(&state, file, &path, body).await;
     // The state machine has copied what it installs; the received stream is not needed.
     let _ = tokio::fs::remove_file(&path).await;
     result
@@ -139,6 +139,7 @@ async fn snapshot(
 async fn receive_snapshot(
     state: &AppState,
     mut file: SnapshotData,
+    path: &std::path::Path,
     body: axum::body::Body,
 ) -> Result<Response, ApiError> {
     use futures::StreamExt;
@@ -179,6 +180,19 @@ async fn receive_snapshot(
     file.flush().await.map_err(io)?;
     file.rewind().await.map_err(io)?;
     check_snapshot(state, &header)?;
+    // Checked whole here, so that a broken transfer is refused to its sender; the state
+    // machine checks it again as it stores it, and a failure there would stop this node.
+    let path = path.to_path_buf();
+    let got = tokio::task::spawn_blocking(move || snapshot::verify(&path))
+        .await
+        .map_err(|e| ApiError::internal(format!("checking a received snapshot: {e}")))?
+        .map_err(|e| ApiError::invalid(format!("received snapshot: {e}")))?;
+    if got.last_log_id != header.meta.last_log_id {
+        return Err(ApiError::invalid(format!(
+            "received snapshot holds up to {:?}, but its header says {:?}",
+            got.last_log_id, header.meta.last_log_id
+        )));
+    }
     let snapshot = Snapshot {
         meta: header.meta,
         snapshot: file,
