@@ -265,6 +265,8 @@ async fn status(State(state): State<AppState>, headers: HeaderMap) -> Result<Res
         "initialized": initialized,
         "voters": voters,
         "matched": matched,
+        // The last log index removed from this node's log (behind its snapshot).
+        "purged": m.purged.map_or(0, |l| l.index),
     }))
     .into_response())
 }
