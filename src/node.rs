@@ -275,7 +275,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         )
     })?;
     let sm = SmShared::open(db.clone(), datadir.snapshot_dir())?;
-    let log_store = LogStore::new(db.clone());
+    let log_store = LogStore::new(db.clone()).context("starting the log flusher thread")?;
     let committed = log_store.committed_index();
     let network = Network::new(
         settings.cluster_secret.clone().into(),

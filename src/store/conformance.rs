@@ -16,7 +16,8 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, TempDir> for Builder 
         let dir = tempfile::tempdir().expect("tempdir");
         let db = open_db(&dir.path().join("db")).expect("open db");
         let sm = SmShared::open(db.clone(), dir.path().join("snapshots")).expect("open sm");
-        Ok((dir, LogStore::new(db), StateMachineStore::new(sm)))
+        let log = LogStore::new(db).expect("start the log store");
+        Ok((dir, log, StateMachineStore::new(sm)))
     }
 }
 

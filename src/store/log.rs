@@ -85,13 +85,13 @@ fn decode_entry(bytes: &[u8]) -> StorageResult<Entry> {
 }
 
 impl LogStore {
-    pub fn new(db: Arc<DB>) -> Self {
+    /// Opens the log store on `db` and starts its flusher thread.
+    pub fn new(db: Arc<DB>) -> std::io::Result<Self> {
         let (flusher, rx) = mpsc::channel();
         let flush_db = db.clone();
         std::thread::Builder::new()
             .name("raftq-log-flush".into())
-            .spawn(move || run_flusher(flush_db, rx))
-            .expect("spawning the log flusher thread");
+            .spawn(move || run_flusher(flush_db, rx))?;
         let store = LogStore {
             db,
             committed: Arc::new(AtomicU64::new(0)),
@@ -100,7 +100,7 @@ impl LogStore {
         if let Ok(Some(Some(c))) = store.get_meta::<Option<LogId>>(keys::COMMITTED) {
             store.committed.store(c.index, Ordering::Relaxed);
         }
-        store
+        Ok(store)
     }
 
     /// Shared view of the committed index, updated as Raft reports it.
