@@ -1268,9 +1268,7 @@ async fn snapshots_no_leader_could_send_are_refused() {
                 last_membership: Default::default(),
             },
         };
-        let header = raftq::codec::encode(&header).expect("encode a snapshot header");
-        let mut body = (header.len() as u64).to_le_bytes().to_vec();
-        body.extend(header);
+        let mut body = header.frame().expect("encode a snapshot header");
         body.extend_from_slice(file);
         body
     };

@@ -37,6 +37,16 @@ pub struct SnapshotHeader {
     pub meta: SnapshotMeta,
 }
 
+impl SnapshotHeader {
+    /// The header as it goes on the wire: its length (`u64`, little-endian), then the header.
+    pub fn frame(&self) -> Result<Vec<u8>, bincode::Error> {
+        let header = codec::encode(self)?;
+        let mut framed = (header.len() as u64).to_le_bytes().to_vec();
+        framed.extend(header);
+        Ok(framed)
+    }
+}
+
 /// Builds connections to peers.
 #[derive(Clone)]
 pub struct Network {
@@ -145,13 +155,12 @@ impl Peer {
         vote: Vote,
         snapshot: Snapshot,
     ) -> RpcResult<SnapshotResponse<TypeConfig>> {
-        let header = codec::encode(&SnapshotHeader {
+        let prefix = SnapshotHeader {
             vote,
             meta: snapshot.meta,
-        })
+        }
+        .frame()
         .map_err(network_err)?;
-        let mut prefix = (header.len() as u64).to_le_bytes().to_vec();
-        prefix.extend(header);
         let file: SnapshotData = snapshot.snapshot;
         let chunks =
             futures::stream::unfold((Some(prefix), file), |(prefix, mut file)| async move {

@@ -218,8 +218,8 @@ fn check_snapshot(state: &AppState, header: &SnapshotHeader) -> Result<(), ApiEr
             header.vote
         )));
     }
-    let m = state.raft.metrics().borrow_watched().clone();
-    if let Some(committed) = &m.local_committed {
+    let local_committed = state.raft.metrics().borrow_watched().local_committed;
+    if let Some(committed) = &local_committed {
         if last > committed && last.index <= committed.index {
             return Err(ApiError::invalid(format!(
                 "snapshot up to {last} contradicts the committed log up to {committed}"

@@ -124,15 +124,23 @@ impl LogStore {
         }
     }
 
-    /// Runs a blocking RocksDB write off the async runtime.
-    async fn write(&self, batch: WriteBatch, sync: bool) -> StorageResult<()> {
+    /// A synced RocksDB write (the WAL fsynced before it returns), off the async runtime.
+    async fn write_synced(&self, batch: WriteBatch) -> StorageResult<()> {
         let db = self.db.clone();
         tokio::task::spawn_blocking(move || {
-            db.write_opt(batch, &super::write_options(sync))
+            db.write_opt(batch, &super::write_options(true))
                 .map_err(to_io)
         })
         .await
         .unwrap_or_else(|join| Err(to_io(format!("write task failed: {join}"))))
+    }
+
+    /// An unsynced RocksDB write, inline rather than on the blocking pool: it only copies into
+    /// the memtable and the WAL's page cache, which costs less than two thread hand-offs.
+    fn write_unsynced(&self, batch: WriteBatch) -> StorageResult<()> {
+        self.db
+            .write_opt(batch, &super::write_options(false))
+            .map_err(to_io)
     }
 
     fn last_entry_id(&self) -> StorageResult<Option<LogId>> {
@@ -204,7 +212,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let mut batch = WriteBatch::default();
         let bytes = codec::encode(vote).map_err(to_io)?;
         batch.put_cf(self.cf(CF_RAFT)?, keys::VOTE, bytes);
-        self.write(batch, true).await
+        self.write_synced(batch).await
     }
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> StorageResult<()> {
@@ -216,10 +224,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let mut batch = WriteBatch::default();
         let bytes = codec::encode(&committed).map_err(to_io)?;
         batch.put_cf(self.cf(CF_RAFT)?, keys::COMMITTED, bytes);
-        // Inline, like an append: a small unsynced write, on every commit.
-        self.db
-            .write_opt(batch, &super::write_options(false))
-            .map_err(to_io)
+        self.write_unsynced(batch)
     }
 
     async fn read_committed(&mut self) -> StorageResult<Option<LogId>> {
@@ -240,11 +245,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         }
         // Written, and so readable for replication, before this returns; durable once the
         // flusher has fsynced the WAL, which is when openraft hears that it is flushed.
-        // Inline, not on the blocking pool: an unsynced write only copies into the memtable
-        // and the WAL's page cache, and two thread hand-offs would cost more than it does.
-        self.db
-            .write_opt(batch, &super::write_options(false))
-            .map_err(to_io)?;
+        self.write_unsynced(batch)?;
         self.flusher
             .send(callback)
             .map_err(|_| to_io("the log flusher thread has stopped"))
@@ -255,7 +256,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let mut batch = WriteBatch::default();
         batch.delete_range_cf(self.cf(CF_LOG)?, index_key(from), index_key(u64::MAX));
         // The last index (u64::MAX) is not covered by the exclusive range end; it can never be used.
-        self.write(batch, true).await
+        self.write_synced(batch).await
     }
 
     async fn purge(&mut self, log_id: LogId) -> StorageResult<()> {
@@ -265,6 +266,6 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // leaves both or neither.
         batch.put_cf(self.cf(CF_RAFT)?, keys::LAST_PURGED, bytes);
         batch.delete_range_cf(self.cf(CF_LOG)?, index_key(0), index_key(log_id.index + 1));
-        self.write(batch, true).await
+        self.write_synced(batch).await
     }
 }
