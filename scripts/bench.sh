@@ -42,6 +42,9 @@ cleanup() {
 }
 trap cleanup EXIT
 scripts/cluster.sh up
+# The cluster requires its API token (RAFTQ_TOKEN if it was set, else the generated one).
+RAFTQ_TOKEN="$(<"$RAFTQ_DATA_DIR/api.token")"
+export RAFTQ_TOKEN
 
 bin="$(server_binary)"
 pids=()

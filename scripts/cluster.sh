@@ -11,11 +11,15 @@
 #   RAFTQ_BIN       use this server binary instead of building one
 #   RAFTQ_DATA_DIR  data directory (default: data/ in the repository root)
 #   RAFTQ_WAIT_SECS how long `up` waits for a leader (default 60)
+#   RAFTQ_TOKEN     the API token to configure (granted admin:*); by default one is generated
+#
+# The API needs a token: `up` prints it, and keeps it in api.token in the data directory
+# (`export RAFTQ_TOKEN=$(cat data/api.token)`; the CLI, the SDK and curl examples use it).
 #
 # Everything lives in the data directory: nodeN/ (the node's storage), nodeN.log (its stdout
 # and stderr), nodeN.pid, nodeN.cmd (its exact command line, shell-quoted, so a test can kill a
-# node and start it again with the same arguments), cluster.secret and cluster.id (generated
-# once per local cluster; a restart reuses them and the data).
+# node and start it again with the same arguments), cluster.secret, cluster.id, api.token and
+# tokens.toml (generated once per local cluster; a restart reuses them and the data).
 set -euo pipefail
 
 # shellcheck source=scripts/lib.sh
@@ -104,7 +108,9 @@ json_field() {
 }
 
 cluster_json() {
-    curl -fsS --noproxy '*' --max-time 2 "$(url_of "$1")/v1/cluster" 2>/dev/null
+    local auth=()
+    [[ -s "$DATA_DIR/api.token" ]] && auth=(-H "Authorization: Bearer $(<"$DATA_DIR/api.token")")
+    curl -fsS --noproxy '*' --max-time 2 "${auth[@]}" "$(url_of "$1")/v1/cluster" 2>/dev/null
 }
 
 # Prints "ID URL" of the leader as some node reports it; fails when no node knows one.
@@ -151,6 +157,32 @@ prepare_data_dir() {
     if [[ ! -s "$DATA_DIR/cluster.id" ]]; then
         printf 'local-%s\n' "$(od -An -tx1 -N6 /dev/urandom | tr -d ' \n')" >"$DATA_DIR/cluster.id"
     fi
+    prepare_token
+}
+
+# The API token: RAFTQ_TOKEN if given, else the one kept from before, else a new one. The
+# nodes get only its SHA-256, in tokens.toml.
+prepare_token() {
+    local token="${RAFTQ_TOKEN:-}" tmp hash
+    if [[ -z "$token" && -s "$DATA_DIR/api.token" ]]; then
+        token="$(<"$DATA_DIR/api.token")"
+    fi
+    if [[ -z "$token" ]]; then
+        token="rq_$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')"
+        info "generated an API token in $DATA_DIR/api.token"
+    fi
+    [[ "$token" =~ ^[[:graph:]]+$ ]] || die "RAFTQ_TOKEN must be printable characters without spaces"
+    if [[ -s "$DATA_DIR/api.token" && "$(<"$DATA_DIR/api.token")" != "$token" ]]; then
+        warn "the API token changes; nodes already running keep the old one until restarted"
+    fi
+    tmp="$(umask 077 && mktemp "$DATA_DIR/.api.token.XXXXXX")"
+    printf '%s\n' "$token" >"$tmp"
+    mv -f "$tmp" "$DATA_DIR/api.token"
+    hash="$(printf '%s' "$token" | sha256sum | cut -d' ' -f1)"
+    tmp="$(umask 077 && mktemp "$DATA_DIR/.tokens.toml.XXXXXX")"
+    printf '# Written by scripts/cluster.sh: the SHA-256 of the token in api.token.\n[[token]]\nname = "local-admin"\nsha256 = "%s"\ngrants = ["admin:*"]\n' \
+        "$hash" >"$tmp"
+    mv -f "$tmp" "$DATA_DIR/tokens.toml"
 }
 
 # The full, self-contained command line of node N, one argument per line.
@@ -163,6 +195,7 @@ node_command() {
         --data "$DATA_DIR/node$id" \
         --peers "$(peers)" \
         --cluster-secret-file "$DATA_DIR/cluster.secret" \
+        --tokens-file "$DATA_DIR/tokens.toml" \
         --cluster-id "$cluster_id"
 }
 
@@ -275,12 +308,15 @@ cmd_up() {
         info "  node $id: $(url_of "$id")"
     done
     info "  leader: node $leader_id ${leader_url:+($leader_url)}"
+    info "  API token (admin:*): $(<"$DATA_DIR/api.token")"
     cat <<EOF
 
-Try it (writes to a follower answer 307; curl -L follows to the leader):
-  curl -L -X PUT localhost:7001/v1/topics/demo
-  curl -L -X POST -H 'content-type: application/json' -d '{"records":[{"value":"hello"}]}' localhost:7001/v1/topics/demo/records
-  curl 'localhost:7002/v1/topics/demo/records?from=first'
+Try it (writes to a follower answer 307; curl --location-trusted follows to the leader and
+keeps the token):
+  export RAFTQ_TOKEN=\$(cat $DATA_DIR/api.token)
+  curl --location-trusted -H "Authorization: Bearer \$RAFTQ_TOKEN" -X PUT localhost:7001/v1/topics/demo
+  curl --location-trusted -H "Authorization: Bearer \$RAFTQ_TOKEN" -X POST -H 'content-type: application/json' -d '{"records":[{"value":"hello"}]}' localhost:7001/v1/topics/demo/records
+  curl -H "Authorization: Bearer \$RAFTQ_TOKEN" 'localhost:7002/v1/topics/demo/records?from=first'
 
   scripts/cluster.sh status | logs [N] [-f] | down | wipe
 EOF
@@ -374,7 +410,7 @@ cmd_wipe() {
         [[ -e "$entry" ]] || continue
         name="$(basename "$entry")"
         case "$name" in
-            node[0-9]* | cluster.secret | cluster.id | .cluster.secret.*) ;;
+            node[0-9]* | cluster.secret | cluster.id | .cluster.secret.* | api.token | tokens.toml | .api.token.* | .tokens.toml.*) ;;
             *) die "refusing to delete $DATA_DIR: it holds $name, which cluster.sh did not create" ;;
         esac
     done

@@ -13,6 +13,7 @@
 
 pub mod bench;
 pub mod cluster;
+pub mod token;
 
 use std::io::{self, BufRead, IsTerminal, Write};
 use std::path::PathBuf;

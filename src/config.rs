@@ -36,6 +36,10 @@ pub struct ServeArgs {
     /// File holding the cluster secret (first line).
     #[arg(long, env = "RAFTQ_CLUSTER_SECRET_FILE")]
     pub cluster_secret_file: Option<PathBuf>,
+    /// TOML file of the API tokens this node accepts: each token's SHA-256, name and grants
+    /// (see `raftq token create`). Without it the API is open to anyone who can reach it.
+    #[arg(long, env = "RAFTQ_TOKENS_FILE")]
+    pub tokens_file: Option<PathBuf>,
     /// Longest graceful shutdown before the node flushes and exits anyway, in ms.
     #[arg(long, env = "RAFTQ_SHUTDOWN_TIMEOUT_MS")]
     pub shutdown_timeout_ms: Option<u64>,
@@ -83,6 +87,7 @@ struct FileConfig {
     cluster_id: Option<String>,
     cluster_secret: Option<String>,
     cluster_secret_file: Option<PathBuf>,
+    tokens_file: Option<PathBuf>,
     shutdown_timeout_ms: Option<u64>,
     max_body_bytes: Option<usize>,
     raft_body_limit: Option<usize>,
@@ -104,6 +109,10 @@ pub struct Settings {
     pub peers: BTreeMap<u64, String>,
     pub cluster_id: String,
     pub cluster_secret: String,
+    /// API tokens; empty means the API is open.
+    pub tokens: std::sync::Arc<crate::auth::Tokens>,
+    /// Where the tokens came from, for the start-up log.
+    pub tokens_file: Option<PathBuf>,
     pub shutdown_timeout: Duration,
     /// Largest client request body.
     pub max_body_bytes: usize,
@@ -222,6 +231,11 @@ impl ServeArgs {
         if secret.len() < 16 {
             bail!("the cluster secret must be at least 16 characters long");
         }
+        let tokens_file = self.tokens_file.clone().or(file.tokens_file);
+        let tokens = match &tokens_file {
+            Some(path) => crate::auth::Tokens::load(path, &secret)?,
+            None => crate::auth::Tokens::default(),
+        };
         let cluster_id = self
             .cluster_id
             .clone()
@@ -265,6 +279,8 @@ impl ServeArgs {
             peers,
             cluster_id,
             cluster_secret: secret,
+            tokens: std::sync::Arc::new(tokens),
+            tokens_file,
             shutdown_timeout: Duration::from_millis(
                 self.shutdown_timeout_ms
                     .or(file.shutdown_timeout_ms)
@@ -367,6 +383,37 @@ mod tests {
             let err = a.resolve().unwrap_err().to_string();
             assert!(err.contains(want), "{err:?} should mention {want:?}");
         }
+    }
+
+    #[test]
+    fn tokens_file_is_loaded_and_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokens.toml");
+        let mut a = base();
+        assert!(a.resolve().unwrap().tokens.is_empty(), "no file: open API");
+        a.tokens_file = Some(path.clone());
+        let err = format!("{:#}", a.resolve().unwrap_err());
+        assert!(err.contains("cannot read the tokens file"), "{err}");
+        std::fs::write(
+            &path,
+            format!(
+                "[[token]]\nname = \"t\"\nsha256 = \"{}\"\ngrants = [\"admin:*\"]\n",
+                crate::auth::token_hash_hex("tok")
+            ),
+        )
+        .unwrap();
+        assert_eq!(a.resolve().unwrap().tokens.len(), 1);
+        // The cluster secret may not double as a token.
+        std::fs::write(
+            &path,
+            format!(
+                "[[token]]\nname = \"t\"\nsha256 = \"{}\"\ngrants = [\"admin:*\"]\n",
+                crate::auth::token_hash_hex("0123456789abcdef")
+            ),
+        )
+        .unwrap();
+        let err = format!("{:#}", a.resolve().unwrap_err());
+        assert!(err.contains("cluster secret"), "{err}");
     }
 
     #[test]

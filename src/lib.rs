@@ -4,6 +4,7 @@
 //! - [`config`]: settings of `raftq serve` from flags, environment and TOML.
 //! - [`node`]: one running node: storage, Raft, HTTP, cluster formation, graceful shutdown.
 //! - [`api`]: the public HTTP API (API.md), one module per endpoint family.
+//! - [`auth`]: API tokens (stored as hashes) and the actions they grant on topics.
 //! - [`proposer`]: group commit, many client commands per Raft entry.
 //! - [`raft`]: openraft types and the node-to-node RPC (client and server side).
 //! - [`state`]: the pure state machine: commands, apply, and the types stored on disk.
@@ -14,6 +15,7 @@
 //! See ARCHITECTURE.md for the invariants and boundaries.
 
 pub mod api;
+pub mod auth;
 pub mod cli;
 pub mod codec;
 pub mod config;

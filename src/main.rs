@@ -34,6 +34,8 @@ enum Cmd {
     Bench(raftq::cli::bench::BenchArgs),
     /// See and change the cluster: status, add, promote, remove, transfer-leader, snapshot.
     Cluster(raftq::cli::cluster::ClusterArgs),
+    /// Make API tokens: a new random token with its tokens-file entry, or a token's hash.
+    Token(raftq::cli::token::TokenArgs),
 }
 
 fn init_logging(format: &str) {
@@ -67,6 +69,7 @@ fn main() -> std::process::ExitCode {
         Cmd::Report(args) => return raftq::cli::report(args),
         Cmd::Cluster(args) => return raftq::cli::cluster::cluster(args),
         Cmd::Bench(args) => return raftq::cli::bench::bench(args),
+        Cmd::Token(args) => return raftq::cli::token::token(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -328,6 +328,18 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         data = %settings.data.display(),
         "raftq node started"
     );
+    match &settings.tokens_file {
+        Some(path) => tracing::info!(
+            tokens = settings.tokens.len(),
+            file = %path.display(),
+            "API tokens required on /v1"
+        ),
+        None => tracing::warn!(
+            "THE API IS OPEN: no API tokens are configured (--tokens-file), so anyone who can \
+             reach {} can publish, consume and administer this cluster",
+            settings.listen
+        ),
+    }
 
     let app = crate::api::router(node.clone()).merge(crate::raft::rpc::router(node.clone()));
     let (server_stop_tx, mut server_stop_rx) = watch::channel(false);

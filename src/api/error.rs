@@ -41,6 +41,10 @@ impl ApiError {
         Self::new(ErrorCode::Unauthorized, detail)
     }
 
+    pub fn forbidden(detail: impl Into<String>) -> Self {
+        Self::new(ErrorCode::Forbidden, detail)
+    }
+
     pub fn internal(detail: impl Into<String>) -> Self {
         Self::new(ErrorCode::Internal, detail)
     }

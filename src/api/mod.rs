@@ -8,13 +8,14 @@ pub mod reports;
 pub mod subscriptions;
 pub mod topics;
 
-use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post, put};
 use axum::Router;
 
 use self::error::ApiError;
+pub use crate::auth::Access;
 use crate::node::AppState;
 
 pub fn router(state: AppState) -> Router {
@@ -69,6 +70,7 @@ pub fn router(state: AppState) -> Router {
             post(membership::transfer_leader),
         )
         .layer(middleware::from_fn_with_state(state.clone(), shutdown_gate))
+        .layer(middleware::from_fn_with_state(state.clone(), auth_gate))
         .layer(DefaultBodyLimit::max(body_limit));
     Router::new()
         .merge(v1)
@@ -77,6 +79,40 @@ pub fn router(state: AppState) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
+}
+
+/// Every `/v1` request is authenticated and checked against what its endpoint needs before
+/// anything else happens (see [`crate::auth`]); the handler gets the [`Access`] it acts as.
+async fn auth_gate(State(node): State<AppState>, mut req: Request, next: Next) -> Response {
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|m| m.as_str().to_owned());
+    let access = crate::auth::authorize(
+        &node.settings.tokens,
+        &node.settings.cluster_secret,
+        req.method(),
+        route.as_deref(),
+        req.uri().path(),
+        req.headers(),
+    );
+    match access {
+        Ok(access) => {
+            req.extensions_mut().insert(access);
+            next.run(req).await
+        }
+        Err(e) => {
+            let unauthorized = e.problem.status == 401;
+            let mut resp = e.into_response();
+            if unauthorized {
+                resp.headers_mut().insert(
+                    axum::http::header::WWW_AUTHENTICATE,
+                    axum::http::HeaderValue::from_static("Bearer realm=\"raftq\""),
+                );
+            }
+            resp
+        }
+    }
 }
 
 /// While shutting down, every `/v1` request is answered 503 `shutting_down` (with the

@@ -8,14 +8,15 @@ use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::Uri;
-use axum::Json;
+use axum::{Extension, Json};
 use raftq_client::api::{
     BroadcastRequest, BroadcastResponse, CommitPoint, Discarded, RecordIn, Report,
     SubscriptionReport, TopicReport,
 };
 
 use super::error::ApiError;
-use super::{check_name, parse_json, TopicName};
+use super::{check_name, parse_json, Access, TopicName};
+use crate::auth::Action;
 use crate::node::AppState;
 use crate::state::{self, Broadcast, Command, Outcome, SmState, SubState, TopicMeta};
 
@@ -91,7 +92,11 @@ pub async fn topic(
     )))
 }
 
-pub async fn all(State(node): State<AppState>) -> Json<Report> {
+/// The report of every topic the caller's token may see.
+pub async fn all(
+    State(node): State<AppState>,
+    Extension(access): Extension<Access>,
+) -> Json<Report> {
     let view = node.sm.view();
     Json(Report {
         commit_point: commit_point(view.commit_point),
@@ -99,6 +104,7 @@ pub async fn all(State(node): State<AppState>) -> Json<Report> {
             .state
             .topics
             .iter()
+            .filter(|(name, _)| access.sees(name))
             .map(|(name, meta)| {
                 (
                     name.clone(),
@@ -109,8 +115,11 @@ pub async fn all(State(node): State<AppState>) -> Json<Report> {
     })
 }
 
+/// A marker to the named topics, or to all of them; the token needs `publish` on each named
+/// topic, or on every topic (`publish:*`) when none is named.
 pub async fn broadcast(
     State(node): State<AppState>,
+    Extension(access): Extension<Access>,
     uri: Uri,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<BroadcastResponse>, ApiError> {
@@ -128,7 +137,10 @@ pub async fn broadcast(
         }
         for topic in topics {
             check_name("topic", topic)?;
+            access.require(Action::Publish, topic)?;
         }
+    } else {
+        access.require_all(Action::Publish)?;
     }
     // A marker without a value carries an empty one: its point is in the headers.
     let value_given = req.value.is_some() || req.value_b64.is_some();

@@ -5,11 +5,11 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 use raftq_client::api::{CommitPoint, Retention, TopicConfig, TopicInfo, TopicList, TopicSummary};
 
 use super::error::ApiError;
-use super::{parse_json, TopicName};
+use super::{parse_json, Access, TopicName};
 use crate::node::AppState;
 use crate::state::{Command, CreateTopic, DeleteTopic, Outcome, SmState, TopicMeta, TopicSettings};
 
@@ -95,13 +95,18 @@ pub async fn create(
     Ok((status, Json(info(&node, &topic)?)).into_response())
 }
 
-pub async fn list(State(node): State<AppState>) -> Json<TopicList> {
+/// Lists the topics the caller's token may see (every topic when the API is open).
+pub async fn list(
+    State(node): State<AppState>,
+    Extension(access): Extension<Access>,
+) -> Json<TopicList> {
     let view = node.sm.view();
     Json(TopicList {
         topics: view
             .state
             .topics
             .iter()
+            .filter(|(n, _)| access.sees(n))
             .map(|(n, m)| summary(&view.state, n, m))
             .collect(),
     })

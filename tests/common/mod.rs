@@ -105,6 +105,9 @@ pub struct Cluster {
     /// With spare nodes: how many of the lowest ids form the cluster at first (they list
     /// only each other as peers; the spares list everyone and wait to be added).
     initial_voters: Option<u64>,
+    /// The API token the harness's own requests and SDK clients send, when the nodes
+    /// require one.
+    token: Option<String>,
 }
 
 impl Cluster {
@@ -125,11 +128,33 @@ impl Cluster {
         Self::start_full(voters, spares, extra_args).await
     }
 
+    /// An `n`-node cluster that requires API tokens: `tokens_toml` is the tokens file every
+    /// node gets, `admin_token` the token the harness itself sends (it must be granted
+    /// `admin:*` for the harness's own checks to work).
+    pub async fn start_with_tokens(n: u64, tokens_toml: &str, admin_token: &str) -> Cluster {
+        Self::start_inner(n, 0, &[], Some((tokens_toml, admin_token))).await
+    }
+
     async fn start_full(n: u64, spares: u64, extra_args: &[&str]) -> Cluster {
+        Self::start_inner(n, spares, extra_args, None).await
+    }
+
+    async fn start_inner(
+        n: u64,
+        spares: u64,
+        extra_args: &[&str],
+        tokens: Option<(&str, &str)>,
+    ) -> Cluster {
         const ATTEMPTS: u32 = 3;
         for attempt in 1..=ATTEMPTS {
-            let mut cluster = Cluster::create(n + spares);
+            let mut cluster = Cluster::create(n + spares, tokens.map(|(_, t)| t));
             cluster.extra_args = extra_args.iter().map(|a| a.to_string()).collect();
+            if let Some((text, _)) = tokens {
+                let path = cluster.root.join("tokens.toml");
+                std::fs::write(&path, text).expect("write the tokens file");
+                cluster.extra_args.push("--tokens-file".into());
+                cluster.extra_args.push(path.to_string_lossy().into_owned());
+            }
             if spares > 0 {
                 cluster.initial_voters = Some(n);
             }
@@ -149,7 +174,7 @@ impl Cluster {
         unreachable!("the last attempt returns or panics")
     }
 
-    fn create(n: u64) -> Cluster {
+    fn create(n: u64, token: Option<&str>) -> Cluster {
         assert!(n >= 1, "a cluster needs at least one node");
         let dir = tempfile::Builder::new()
             .prefix("raftq-it-")
@@ -170,7 +195,15 @@ impl Cluster {
                 (id, node)
             })
             .collect();
+        let mut headers = HeaderMap::new();
+        if let Some(t) = token {
+            let value = format!("Bearer {t}")
+                .parse()
+                .expect("a token fits in a header");
+            headers.insert(reqwest::header::AUTHORIZATION, value);
+        }
         let http = reqwest::Client::builder()
+            .default_headers(headers)
             .redirect(reqwest::redirect::Policy::none())
             .pool_max_idle_per_host(0)
             .connect_timeout(Duration::from_secs(2))
@@ -185,6 +218,7 @@ impl Cluster {
             http,
             extra_args: Vec::new(),
             initial_voters: None,
+            token: token.map(str::to_owned),
         }
     }
 
@@ -252,8 +286,11 @@ impl Cluster {
 
     /// An SDK client that knows only `urls`, with a 20 s deadline per call.
     pub fn client_for(&self, urls: &[String]) -> Client {
-        Client::builder(urls)
-            .deadline(Duration::from_secs(20))
+        let mut builder = Client::builder(urls).deadline(Duration::from_secs(20));
+        if let Some(t) = &self.token {
+            builder = builder.token(t);
+        }
+        builder
             .build()
             .unwrap_or_else(|e| self.fail(&format!("cannot build an SDK client: {e}")))
     }
