@@ -63,6 +63,21 @@ pub struct ServeArgs {
     /// commit off: every command is an entry and an fsync of its own.
     #[arg(long, env = "RAFTQ_MAX_ENTRY_COMMANDS")]
     pub max_entry_commands: Option<usize>,
+    /// Most `/v1` requests this node answers at once; more get 429 `overloaded`
+    /// (default 4,096).
+    #[arg(long, env = "RAFTQ_MAX_REQUESTS_IN_FLIGHT")]
+    pub max_requests_in_flight: Option<usize>,
+    /// Most request body bytes this node holds at once, over all requests; more get 429
+    /// `overloaded` (default 256 MiB; at least `max_body_bytes`).
+    #[arg(long, env = "RAFTQ_MAX_BODY_BYTES_IN_FLIGHT")]
+    pub max_body_bytes_in_flight: Option<u64>,
+    /// Most long-polls (reads and pulls with `wait_ms`) waiting on this node at once; more
+    /// get 429 `overloaded` (default 1,024).
+    #[arg(long, env = "RAFTQ_MAX_LONG_POLLS")]
+    pub max_long_polls: Option<usize>,
+    /// Largest client request body, in bytes (default 32 MiB).
+    #[arg(long, env = "RAFTQ_MAX_BODY_BYTES")]
+    pub max_body_bytes: Option<usize>,
     /// TOML file with the same settings (keys as the flags, with `_` for `-`).
     #[arg(long, env = "RAFTQ_CONFIG")]
     pub config: Option<PathBuf>,
@@ -97,6 +112,9 @@ struct FileConfig {
     snapshot_keep_logs: Option<u64>,
     write_buffer_bytes: Option<u64>,
     max_entry_commands: Option<usize>,
+    max_requests_in_flight: Option<usize>,
+    max_body_bytes_in_flight: Option<u64>,
+    max_long_polls: Option<usize>,
 }
 
 /// Resolved settings of one node.
@@ -116,6 +134,12 @@ pub struct Settings {
     pub shutdown_timeout: Duration,
     /// Largest client request body.
     pub max_body_bytes: usize,
+    /// Most `/v1` requests answered at once.
+    pub max_requests_in_flight: usize,
+    /// Most request body bytes held at once.
+    pub max_body_bytes_in_flight: u64,
+    /// Most long-polls waiting at once.
+    pub max_long_polls: usize,
     /// Largest Raft RPC body, and the decode limit for it.
     pub raft_body_limit: usize,
     /// How long a write waits for commit before answering "outcome unknown".
@@ -272,6 +296,34 @@ impl ServeArgs {
                 "max_entry_commands must be between 1 and {MAX_ENTRY_COMMANDS}, not {max_entry_commands}"
             );
         }
+        let max_body_bytes = self
+            .max_body_bytes
+            .or(file.max_body_bytes)
+            .unwrap_or(32 << 20);
+        if !(1 << 20..=1 << 30).contains(&max_body_bytes) {
+            bail!("max_body_bytes must be between 1 MiB and 1 GiB, not {max_body_bytes}");
+        }
+        let max_requests_in_flight = self
+            .max_requests_in_flight
+            .or(file.max_requests_in_flight)
+            .unwrap_or(4_096);
+        if !(1..=1 << 20).contains(&max_requests_in_flight) {
+            bail!("max_requests_in_flight must be between 1 and 1048576, not {max_requests_in_flight}");
+        }
+        let max_body_bytes_in_flight = self
+            .max_body_bytes_in_flight
+            .or(file.max_body_bytes_in_flight)
+            .unwrap_or(256 << 20);
+        if max_body_bytes_in_flight < max_body_bytes as u64 || max_body_bytes_in_flight > 1 << 40 {
+            bail!(
+                "max_body_bytes_in_flight ({max_body_bytes_in_flight}) must be at least max_body_bytes \
+                 ({max_body_bytes}), or no request of the largest size could ever be admitted, and at most 1 TiB"
+            );
+        }
+        let max_long_polls = self.max_long_polls.or(file.max_long_polls).unwrap_or(1_024);
+        if !(1..=1 << 20).contains(&max_long_polls) {
+            bail!("max_long_polls must be between 1 and 1048576, not {max_long_polls}");
+        }
         Ok(Settings {
             id,
             listen,
@@ -286,7 +338,10 @@ impl ServeArgs {
                     .or(file.shutdown_timeout_ms)
                     .unwrap_or(15_000),
             ),
-            max_body_bytes: file.max_body_bytes.unwrap_or(32 << 20),
+            max_body_bytes,
+            max_requests_in_flight,
+            max_body_bytes_in_flight,
+            max_long_polls,
             raft_body_limit: file.raft_body_limit.unwrap_or(256 << 20),
             write_timeout: Duration::from_millis(file.write_timeout_ms.unwrap_or(10_000)),
             snapshot_logs,
@@ -367,6 +422,22 @@ mod tests {
             (
                 Box::new(|a| a.write_buffer_bytes = Some(1000)),
                 "write_buffer_bytes must be between",
+            ),
+            (
+                Box::new(|a| a.max_body_bytes_in_flight = Some(1 << 20)),
+                "must be at least max_body_bytes",
+            ),
+            (
+                Box::new(|a| a.max_long_polls = Some(0)),
+                "max_long_polls must be between",
+            ),
+            (
+                Box::new(|a| a.max_requests_in_flight = Some(0)),
+                "max_requests_in_flight must be between",
+            ),
+            (
+                Box::new(|a| a.max_body_bytes = Some(1000)),
+                "max_body_bytes must be between",
             ),
             (
                 Box::new(|a| a.max_entry_commands = Some(0)),

@@ -36,6 +36,8 @@ pub struct Node {
     pub raft: Raft,
     pub sm: Arc<SmShared>,
     pub proposer: Proposer,
+    /// What the node holds at once (requests, body bytes, long-polls).
+    pub limits: crate::api::limits::Limits,
     /// Highest committed index known here (from the log store).
     pub committed: Arc<AtomicU64>,
     /// Raised once at the start of shutdown; handlers and long-polls watch it.
@@ -314,6 +316,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         raft: raft.clone(),
         sm,
         proposer,
+        limits: crate::api::limits::Limits::new(&settings),
         committed,
         shutdown_tx,
         writes_in_flight: AtomicUsize::new(0),

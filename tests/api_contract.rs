@@ -937,6 +937,44 @@ async fn bad_input_is_refused_and_changes_nothing() {
             )
         },
         bad_publish(
+            "a record with 129 headers",
+            json!({"records": [{"value": "h", "headers": (0..129)
+                .map(|i| (format!("h{i}"), json!("v")))
+                .collect::<serde_json::Map<String, Value>>()}]})
+            .to_string(),
+            400,
+            "invalid_argument",
+        ),
+        bad_publish(
+            "a header name of 257 bytes",
+            json!({"records": [{"value": "h", "headers": {"n".repeat(257): "v"}}]}).to_string(),
+            400,
+            "invalid_argument",
+        ),
+        bad_publish(
+            "an empty header name",
+            json!({"records": [{"value": "h", "headers": {"": "v"}}]}).to_string(),
+            400,
+            "invalid_argument",
+        ),
+        bad_publish(
+            "a key of 4 KiB + 1 byte",
+            json!({"records": [{"value": "k", "key": "k".repeat(4097)}]}).to_string(),
+            400,
+            "invalid_argument",
+        ),
+        Bad {
+            content_type: Some(OCTET_STREAM),
+            body: b"raw".to_vec(),
+            ..bad(
+                "raw record with a key of 4 KiB + 1 byte",
+                Method::POST,
+                format!("/v1/topics/good/records?key={}", "k".repeat(4097)),
+                400,
+                "invalid_argument",
+            )
+        },
+        bad_publish(
             "body over the 32 MiB request limit",
             records_of(&["b".repeat(33 * mib)]).to_string(),
             413,

@@ -13,6 +13,12 @@ use serde::{Deserialize, Serialize};
 pub const MAX_NAME_LEN: usize = 128;
 /// Most records in one publish request.
 pub const MAX_BATCH_RECORDS: usize = 10_000;
+/// Most headers on one record.
+pub const MAX_RECORD_HEADERS: usize = 128;
+/// Longest header name of a record, in bytes (values count towards the record's size).
+pub const MAX_HEADER_NAME_BYTES: usize = 256;
+/// Longest record key, in bytes.
+pub const MAX_KEY_BYTES: usize = 4096;
 /// Most records one read returns.
 pub const MAX_READ_RECORDS: u64 = 10_000;
 /// Longest long-poll a read may ask for.

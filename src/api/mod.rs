@@ -2,6 +2,7 @@
 
 pub mod cluster;
 pub mod error;
+pub mod limits;
 pub mod membership;
 pub mod records;
 pub mod reports;
@@ -71,6 +72,10 @@ pub fn router(state: AppState) -> Router {
         )
         .layer(middleware::from_fn_with_state(state.clone(), shutdown_gate))
         .layer(middleware::from_fn_with_state(state.clone(), auth_gate))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            limits::load_gate,
+        ))
         .layer(DefaultBodyLimit::max(body_limit));
     Router::new()
         .merge(v1)

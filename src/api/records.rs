@@ -10,7 +10,8 @@ use axum::Json;
 use base64::Engine as _;
 use raftq_client::api::{
     CommitPoint, ErrorCode, PublishRequest, PublishResponse, ReadFrom, ReadResponse, Record,
-    RecordIn, MAX_BATCH_RECORDS, MAX_READ_RECORDS, MAX_WAIT_MS,
+    RecordIn, MAX_BATCH_RECORDS, MAX_HEADER_NAME_BYTES, MAX_KEY_BYTES, MAX_READ_RECORDS,
+    MAX_RECORD_HEADERS, MAX_WAIT_MS,
 };
 
 use super::error::ApiError;
@@ -51,6 +52,27 @@ pub(super) fn convert(what: &str, r: RecordIn) -> Result<NewRecord, ApiError> {
             )))
         }
     };
+    if r.headers.len() > MAX_RECORD_HEADERS {
+        return Err(ApiError::invalid(format!(
+            "{what} has {} headers; at most {MAX_RECORD_HEADERS} are allowed",
+            r.headers.len()
+        )));
+    }
+    if let Some(name) = r
+        .headers
+        .keys()
+        .find(|k| k.is_empty() || k.len() > MAX_HEADER_NAME_BYTES)
+    {
+        return Err(ApiError::invalid(format!(
+            "{what} has a header name of {} bytes; names are 1 to {MAX_HEADER_NAME_BYTES} bytes",
+            name.len()
+        )));
+    }
+    if r.key.as_ref().is_some_and(|k| k.len() > MAX_KEY_BYTES) {
+        return Err(ApiError::invalid(format!(
+            "{what} has a key longer than {MAX_KEY_BYTES} bytes"
+        )));
+    }
     Ok(NewRecord {
         key: r.key,
         headers: r.headers.into_iter().collect(),
@@ -84,6 +106,11 @@ pub async fn publish(
                     )))
                 }
             }
+        }
+        if key.as_ref().is_some_and(|k| k.len() > MAX_KEY_BYTES) {
+            return Err(ApiError::invalid(format!(
+                "the key is longer than {MAX_KEY_BYTES} bytes"
+            )));
         }
         vec![NewRecord {
             key,
@@ -325,6 +352,7 @@ pub async fn read(
         (None, Some(ReadFrom::Offset(n))) => Some(n),
         (None, _) => None,
     };
+    let mut waiting = None;
     loop {
         applied.borrow_and_update();
         let (meta, hw, from, skipped) = {
@@ -366,8 +394,11 @@ pub async fn read(
             high_watermark: hw,
             skipped,
         };
-        if *shutdown.borrow() {
+        if *shutdown.borrow() || tokio::time::Instant::now() >= deadline {
             return Ok(Json(empty));
+        }
+        if waiting.is_none() {
+            waiting = Some(node.limits.long_poll()?);
         }
         tokio::select! {
             _ = tokio::time::sleep_until(deadline) => return Ok(Json(empty)),

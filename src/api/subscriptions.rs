@@ -237,6 +237,7 @@ pub async fn pull(
         max,
         ack_timeout_ms: req.ack_timeout_ms,
     });
+    let mut waiting = None;
     loop {
         applied.borrow_and_update();
         // Propose only when something can be leased (or to let Raft answer: a follower
@@ -267,6 +268,9 @@ pub async fn pull(
         }
         if *shutdown.borrow() {
             return Ok(Json(PullResponse { messages: vec![] }));
+        }
+        if waiting.is_none() {
+            waiting = Some(node.limits.long_poll()?);
         }
         tokio::select! {
             _ = tokio::time::sleep_until(deadline) => {}

@@ -37,7 +37,25 @@ pub struct LogStore {
     /// The highest committed index this node knows of, for status and readiness.
     committed: Arc<AtomicU64>,
     /// Appends written but not yet reported flushed, in order, to the flusher thread.
-    flusher: mpsc::Sender<IOFlushed<TypeConfig>>,
+    flusher: Arc<Flusher>,
+}
+
+/// The flusher thread and the queue to it. Dropping the last handle closes the queue and
+/// waits for the thread to end, so the thread's hold on the database ends before the drop
+/// returns: no thread is left closing RocksDB while the process exits.
+struct Flusher {
+    tx: Option<mpsc::Sender<IOFlushed<TypeConfig>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Flusher {
+    fn drop(&mut self) {
+        drop(self.tx.take());
+        if let Some(thread) = self.thread.take() {
+            // The thread ends once the queue is closed and its last fsync is done.
+            let _ = thread.join();
+        }
+    }
 }
 
 /// The flusher thread: waits for an append, takes every other append queued behind it, fsyncs
@@ -87,15 +105,18 @@ fn decode_entry(bytes: &[u8]) -> StorageResult<Entry> {
 impl LogStore {
     /// Opens the log store on `db` and starts its flusher thread.
     pub fn new(db: Arc<DB>) -> std::io::Result<Self> {
-        let (flusher, rx) = mpsc::channel();
+        let (tx, rx) = mpsc::channel();
         let flush_db = db.clone();
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("raftq-log-flush".into())
             .spawn(move || run_flusher(flush_db, rx))?;
         let store = LogStore {
             db,
             committed: Arc::new(AtomicU64::new(0)),
-            flusher,
+            flusher: Arc::new(Flusher {
+                tx: Some(tx),
+                thread: Some(thread),
+            }),
         };
         if let Ok(Some(Some(c))) = store.get_meta::<Option<LogId>>(keys::COMMITTED) {
             store.committed.store(c.index, Ordering::Relaxed);
@@ -247,8 +268,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // flusher has fsynced the WAL, which is when openraft hears that it is flushed.
         self.write_unsynced(batch)?;
         self.flusher
-            .send(callback)
-            .map_err(|_| to_io("the log flusher thread has stopped"))
+            .tx
+            .as_ref()
+            .and_then(|tx| tx.send(callback).ok())
+            .ok_or_else(|| to_io("the log flusher thread has stopped"))
     }
 
     async fn truncate_after(&mut self, last_log_id: Option<LogId>) -> StorageResult<()> {
