@@ -24,3 +24,6 @@ pub mod proposer;
 pub mod raft;
 pub mod state;
 pub mod store;
+
+#[cfg(test)]
+mod fuzz_tests;

@@ -33,7 +33,7 @@ fn query_pairs(raw: &Option<String>) -> Vec<(String, String)> {
 }
 
 /// Turns a record as published into a log record; `what` names it in errors ("record 3").
-pub(super) fn convert(what: &str, r: RecordIn) -> Result<NewRecord, ApiError> {
+pub(crate) fn convert(what: &str, r: RecordIn) -> Result<NewRecord, ApiError> {
     let value = match (r.value, r.value_b64) {
         (Some(v), None) => v.into_bytes(),
         (None, Some(b)) => base64::engine::general_purpose::STANDARD
@@ -200,7 +200,7 @@ pub async fn publish(
     }
 }
 
-struct ReadParams {
+pub(crate) struct ReadParams {
     from: Option<ReadFrom>,
     subscription: Option<String>,
     max: u64,
@@ -216,7 +216,7 @@ fn parse_u64(name: &str, v: &str) -> Result<u64, ApiError> {
     })
 }
 
-fn read_params(raw: &Option<String>) -> Result<ReadParams, ApiError> {
+pub(crate) fn read_params(raw: &Option<String>) -> Result<ReadParams, ApiError> {
     let mut p = ReadParams {
         from: None,
         subscription: None,

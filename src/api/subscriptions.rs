@@ -58,7 +58,7 @@ fn not_found(sub: &SubRef) -> ApiError {
     )
 }
 
-fn settings_from_api(c: &SubscriptionConfig) -> Result<SubSettings, ApiError> {
+pub(crate) fn settings_from_api(c: &SubscriptionConfig) -> Result<SubSettings, ApiError> {
     let ack_timeout_ms = c.ack_timeout_ms.unwrap_or(DEFAULT_ACK_TIMEOUT_MS);
     check_timeout("ack_timeout_ms", ack_timeout_ms)?;
     if let Some(dlq) = &c.dead_letter_topic {
@@ -129,7 +129,9 @@ fn check_timeout(field: &str, ms: u64) -> Result<(), ApiError> {
 }
 
 /// An empty body means "all defaults".
-fn parse_optional<T: serde::de::DeserializeOwned + Default>(body: &[u8]) -> Result<T, ApiError> {
+pub(crate) fn parse_optional<T: serde::de::DeserializeOwned + Default>(
+    body: &[u8],
+) -> Result<T, ApiError> {
     if body.iter().all(u8::is_ascii_whitespace) {
         Ok(T::default())
     } else {
@@ -337,7 +339,7 @@ fn messages(
     Ok(out)
 }
 
-fn parse_receipts(receipts: &[String]) -> Result<Vec<Receipt>, ApiError> {
+pub(crate) fn parse_receipts(receipts: &[String]) -> Result<Vec<Receipt>, ApiError> {
     if receipts.is_empty() || receipts.len() > MAX_RECEIPTS {
         return Err(ApiError::invalid(format!(
             "receipts must hold 1 to {MAX_RECEIPTS} receipts, not {}",

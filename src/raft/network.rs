@@ -45,6 +45,30 @@ impl SnapshotHeader {
         framed.extend(header);
         Ok(framed)
     }
+
+    /// Reads a header framed by [`SnapshotHeader::frame`] from the start of a received body:
+    /// the header and how many bytes it took, or `Ok(None)` while more bytes are needed. A
+    /// length over `limit` or an undecodable header is an error.
+    pub fn parse_frame(head: &[u8], limit: u64) -> Result<Option<(SnapshotHeader, usize)>, String> {
+        let Some(prefix) = head.get(..8) else {
+            return Ok(None);
+        };
+        let mut len = [0u8; 8];
+        len.copy_from_slice(prefix);
+        let len = u64::from_le_bytes(len);
+        if len > limit || len > (usize::MAX - 8) as u64 {
+            return Err(format!(
+                "snapshot header of {len} bytes is over the limit of {limit}"
+            ));
+        }
+        let end = 8 + len as usize;
+        let Some(body) = head.get(8..end) else {
+            return Ok(None);
+        };
+        let header = codec::decode_limited(body, limit)
+            .map_err(|e| format!("undecodable snapshot header: {e}"))?;
+        Ok(Some((header, end)))
+    }
 }
 
 /// Builds connections to peers.

@@ -156,20 +156,12 @@ async fn receive_snapshot(
         if header.is_none() {
             head.extend_from_slice(data);
             data = &[];
-            if head.len() < 8 {
+            let Some((parsed, end)) =
+                SnapshotHeader::parse_frame(&head, header_limit).map_err(ApiError::invalid)?
+            else {
                 continue;
-            }
-            let len = u64::from_le_bytes(head[..8].try_into().unwrap_or_default());
-            if len > header_limit {
-                return Err(ApiError::invalid(format!(
-                    "snapshot header of {len} bytes is over the limit of {header_limit}"
-                )));
-            }
-            let end = 8 + len as usize;
-            if head.len() < end {
-                continue;
-            }
-            header = Some(decode(state, &head[8..end])?);
+            };
+            header = Some(parsed);
             file.write_all(&head[end..]).await.map_err(io)?;
         }
         file.write_all(data).await.map_err(io)?;

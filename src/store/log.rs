@@ -90,7 +90,7 @@ fn encode_entry(entry: &Entry) -> StorageResult<Vec<u8>> {
     Ok(out)
 }
 
-fn decode_entry(bytes: &[u8]) -> StorageResult<Entry> {
+pub(crate) fn decode_entry(bytes: &[u8]) -> StorageResult<Entry> {
     match bytes.split_first() {
         Some((&ENTRY_FORMAT, rest)) => {
             codec::decode(rest).map_err(|e| to_io(format!("corrupt log entry: {e}")))

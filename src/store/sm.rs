@@ -29,7 +29,7 @@ use crate::state::{
 /// Version byte in front of every stored record.
 const RECORD_FORMAT: u8 = 1;
 /// Version byte in front of stored topic metadata, subscriptions and producers.
-const META_FORMAT: u8 = 1;
+pub(crate) const META_FORMAT: u8 = 1;
 
 /// The applied state as readers see it.
 #[derive(Debug, Default)]
@@ -62,14 +62,14 @@ pub struct SmShared {
     snapshot_mark: AtomicU64,
 }
 
-fn encode_record(r: &StoredRecord) -> Result<Vec<u8>, bincode::Error> {
+pub(crate) fn encode_record(r: &StoredRecord) -> Result<Vec<u8>, bincode::Error> {
     let mut out = Vec::with_capacity(r.value.len() + 32);
     out.push(RECORD_FORMAT);
     out.extend(codec::encode(r)?);
     Ok(out)
 }
 
-fn decode_record(bytes: &[u8]) -> Result<StoredRecord, String> {
+pub(crate) fn decode_record(bytes: &[u8]) -> Result<StoredRecord, String> {
     match bytes.split_first() {
         Some((&RECORD_FORMAT, rest)) => {
             codec::decode(rest).map_err(|e| format!("corrupt record: {e}"))
