@@ -18,15 +18,21 @@ const LONG_POLLS: usize = 4;
 const MAX_BODY: usize = 8 << 20;
 const BODIES_IN_FLIGHT: usize = 4 * MAX_BODY;
 
-fn node_args() -> Vec<String> {
-    vec![
-        "--max-long-polls".into(),
-        LONG_POLLS.to_string(),
-        "--max-body-bytes".into(),
-        MAX_BODY.to_string(),
-        "--max-body-bytes-in-flight".into(),
-        BODIES_IN_FLIGHT.to_string(),
-    ]
+/// One node with the small limits above, and an empty topic `t`.
+async fn start_node_with_topic() -> Cluster {
+    let limit = |n: usize| n.to_string();
+    let (polls, body, bodies) = (limit(LONG_POLLS), limit(MAX_BODY), limit(BODIES_IN_FLIGHT));
+    let args = [
+        "--max-long-polls",
+        polls.as_str(),
+        "--max-body-bytes",
+        body.as_str(),
+        "--max-body-bytes-in-flight",
+        bodies.as_str(),
+    ];
+    let c = Cluster::start_with(1, &args).await;
+    c.create_topic("t").await;
+    c
 }
 
 /// Peak resident memory of a process, from `/proc/PID/status`.
@@ -42,10 +48,7 @@ fn peak_rss_mib(pid: u32) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn long_polls_beyond_the_limit_get_429_and_the_waiting_ones_are_answered() {
-    let args = node_args();
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let c = Cluster::start_with(1, &args).await;
-    c.create_topic("t").await;
+    let c = start_node_with_topic().await;
     c.put_json("/v1/topics/t/subscriptions/s", &json!({})).await;
     let base = c.url(1);
 
@@ -130,10 +133,7 @@ async fn long_polls_beyond_the_limit_get_429_and_the_waiting_ones_are_answered()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_large_bodies_gets_429_and_memory_stays_bounded() {
-    let args = node_args();
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let c = Cluster::start_with(1, &args).await;
-    c.create_topic("t").await;
+    let c = start_node_with_topic().await;
     let addr = c.url(1).trim_start_matches("http://").to_string();
     let pid = c.pid(1);
     let before = peak_rss_mib(pid);
