@@ -12,6 +12,7 @@
 #   RAFTQ_DATA_DIR  data directory (default: data/ in the repository root)
 #   RAFTQ_WAIT_SECS how long `up` waits for a leader (default 60)
 #   RAFTQ_TOKEN     the API token to configure (granted admin:*); by default one is generated
+#   RAFTQ_BASE_PORT nodes listen on BASE+1 to BASE+3 (default 7000: ports 7001-7003)
 #
 # The API needs a token: `up` prints it, and keeps it in api.token in the data directory
 # (`export RAFTQ_TOKEN=$(cat data/api.token)`; the CLI, the SDK and curl examples use it).
@@ -27,7 +28,9 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 NODE_IDS=(1 2 3)
 HOST=127.0.0.1
-BASE_PORT=7000
+BASE_PORT="${RAFTQ_BASE_PORT:-7000}"
+[[ "$BASE_PORT" =~ ^[0-9]+$ && "$BASE_PORT" -ge 1 && "$BASE_PORT" -le 65532 ]] ||
+    { echo "RAFTQ_BASE_PORT must be a port number (1 to 65532), not $BASE_PORT" >&2; exit 2; }
 STOP_TIMEOUT_SECS=20
 WAIT_SECS="${RAFTQ_WAIT_SECS:-60}"
 
@@ -314,9 +317,9 @@ cmd_up() {
 Try it (writes to a follower answer 307; curl --location-trusted follows to the leader and
 keeps the token):
   export RAFTQ_TOKEN=\$(cat $DATA_DIR/api.token)
-  curl --location-trusted -H "Authorization: Bearer \$RAFTQ_TOKEN" -X PUT localhost:7001/v1/topics/demo
-  curl --location-trusted -H "Authorization: Bearer \$RAFTQ_TOKEN" -X POST -H 'content-type: application/json' -d '{"records":[{"value":"hello"}]}' localhost:7001/v1/topics/demo/records
-  curl -H "Authorization: Bearer \$RAFTQ_TOKEN" 'localhost:7002/v1/topics/demo/records?from=first'
+  curl --location-trusted -H "Authorization: Bearer \$RAFTQ_TOKEN" -X PUT localhost:$(port_of 1)/v1/topics/demo
+  curl --location-trusted -H "Authorization: Bearer \$RAFTQ_TOKEN" -X POST -H 'content-type: application/json' -d '{"records":[{"value":"hello"}]}' localhost:$(port_of 1)/v1/topics/demo/records
+  curl -H "Authorization: Bearer \$RAFTQ_TOKEN" 'localhost:$(port_of 2)/v1/topics/demo/records?from=first'
 
   scripts/cluster.sh status | logs [N] [-f] | down | wipe
 EOF
