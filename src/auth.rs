@@ -177,11 +177,6 @@ fn parse_hash(text: &str) -> Option<[u8; 32]> {
     Some(out)
 }
 
-/// Equal-length comparison whose time does not depend on where the inputs differ.
-fn ct_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 impl Tokens {
     /// Reads and checks a tokens file. `cluster_secret` must not be one of its tokens.
     pub fn load(path: &Path, cluster_secret: &str) -> anyhow::Result<Tokens> {
@@ -254,7 +249,7 @@ impl Tokens {
         let given: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         let mut found = None;
         for e in &self.entries {
-            if ct_eq(&e.hash, &given) {
+            if crate::raft::rpc::secret_matches(&e.hash, &given) {
                 found = Some(e.clone());
             }
         }

@@ -65,17 +65,6 @@ impl Limits {
             ))
         })
     }
-
-    /// Slots taken now: (requests, body bytes, long-polls), for tests and operators.
-    pub fn in_use(&self) -> (usize, u64, usize) {
-        (
-            self.max_requests - self.requests.available_permits(),
-            units(self.max_body_bytes_in_flight)
-                .saturating_sub(self.body_units.available_permits() as u32) as u64
-                * UNIT,
-            self.max_long_polls - self.long_polls.available_permits(),
-        )
-    }
 }
 
 /// Admits a `/v1` request only while the node holds less than its limits.

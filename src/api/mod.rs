@@ -89,15 +89,13 @@ pub fn router(state: AppState) -> Router {
 /// Every `/v1` request is authenticated and checked against what its endpoint needs before
 /// anything else happens (see [`crate::auth`]); the handler gets the [`Access`] it acts as.
 async fn auth_gate(State(node): State<AppState>, mut req: Request, next: Next) -> Response {
-    let route = req
-        .extensions()
-        .get::<MatchedPath>()
-        .map(|m| m.as_str().to_owned());
+    // A cheap clone (the route pattern is shared), so the request can be borrowed below.
+    let route = req.extensions().get::<MatchedPath>().cloned();
     let access = crate::auth::authorize(
         &node.settings.tokens,
         &node.settings.cluster_secret,
         req.method(),
-        route.as_deref(),
+        route.as_ref().map(MatchedPath::as_str),
         req.uri().path(),
         req.headers(),
     );

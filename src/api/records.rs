@@ -33,6 +33,16 @@ fn query_pairs(raw: &Option<String>) -> Vec<(String, String)> {
 }
 
 /// Turns a record as published into a log record; `what` names it in errors ("record 3").
+/// A record key of at most [`MAX_KEY_BYTES`], for JSON and raw publishes alike.
+fn check_key(what: &str, key: Option<&str>) -> Result<(), ApiError> {
+    if key.is_some_and(|k| k.len() > MAX_KEY_BYTES) {
+        return Err(ApiError::invalid(format!(
+            "{what} has a key longer than {MAX_KEY_BYTES} bytes"
+        )));
+    }
+    Ok(())
+}
+
 pub(crate) fn convert(what: &str, r: RecordIn) -> Result<NewRecord, ApiError> {
     let value = match (r.value, r.value_b64) {
         (Some(v), None) => v.into_bytes(),
@@ -68,11 +78,7 @@ pub(crate) fn convert(what: &str, r: RecordIn) -> Result<NewRecord, ApiError> {
             name.len()
         )));
     }
-    if r.key.as_ref().is_some_and(|k| k.len() > MAX_KEY_BYTES) {
-        return Err(ApiError::invalid(format!(
-            "{what} has a key longer than {MAX_KEY_BYTES} bytes"
-        )));
-    }
+    check_key(what, r.key.as_deref())?;
     Ok(NewRecord {
         key: r.key,
         headers: r.headers.into_iter().collect(),
@@ -107,11 +113,7 @@ pub async fn publish(
                 }
             }
         }
-        if key.as_ref().is_some_and(|k| k.len() > MAX_KEY_BYTES) {
-            return Err(ApiError::invalid(format!(
-                "the key is longer than {MAX_KEY_BYTES} bytes"
-            )));
-        }
+        check_key("the raw record", key.as_deref())?;
         vec![NewRecord {
             key,
             headers: vec![],
