@@ -61,6 +61,9 @@ pub struct Connection {
     /// API token, sent as `Authorization: Bearer <token>`.
     #[arg(long, env = "RAFTQ_TOKEN", hide_env_values = true, global = true)]
     pub token: Option<String>,
+    /// PEM CA certificates to trust for `https://` nodes, instead of the system's.
+    #[arg(long, value_name = "FILE", env = "RAFTQ_CA_FILE", global = true)]
+    pub ca_file: Option<std::path::PathBuf>,
 }
 
 /// `raftq consume`: pull messages of a subscription, print each, ack it once printed.
@@ -233,6 +236,9 @@ fn connect(connection: &Connection) -> Result<Client, Failure> {
     let mut builder = Client::builder(urls);
     if let Some(token) = &connection.token {
         builder = builder.token(token);
+    }
+    if let Some(ca) = &connection.ca_file {
+        builder = builder.ca_file(ca)?;
     }
     Ok(builder.build()?)
 }

@@ -78,6 +78,17 @@ pub struct ServeArgs {
     /// Largest client request body, in bytes (default 32 MiB).
     #[arg(long, env = "RAFTQ_MAX_BODY_BYTES")]
     pub max_body_bytes: Option<usize>,
+    /// PEM certificate chain this node serves TLS with, on its one port (client API and Raft
+    /// RPC). With `--tls-key`; this node's URL in `--peers` must then be `https://`.
+    #[arg(long, env = "RAFTQ_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of `--tls-cert`.
+    #[arg(long, env = "RAFTQ_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA certificates this node trusts when it calls `https://` peers (and nothing else).
+    /// Required when any peer URL is `https://`.
+    #[arg(long, env = "RAFTQ_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
     /// TOML file with the same settings (keys as the flags, with `_` for `-`).
     #[arg(long, env = "RAFTQ_CONFIG")]
     pub config: Option<PathBuf>,
@@ -115,6 +126,9 @@ struct FileConfig {
     max_requests_in_flight: Option<usize>,
     max_body_bytes_in_flight: Option<u64>,
     max_long_polls: Option<usize>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    tls_ca: Option<PathBuf>,
 }
 
 /// Resolved settings of one node.
@@ -154,6 +168,10 @@ pub struct Settings {
     pub write_buffer_bytes: u64,
     /// Most client commands in one Raft entry.
     pub max_entry_commands: usize,
+    /// The TLS this node serves, when it has a certificate.
+    pub tls: Option<std::sync::Arc<rustls::ServerConfig>>,
+    /// The HTTP client for calls to peers (trusting `--tls-ca` for `https://` peers).
+    pub peer_http: reqwest::Client,
 }
 
 impl Settings {
@@ -185,7 +203,7 @@ fn insert_peer(peers: &mut BTreeMap<u64, String>, id: &str, url: &str) -> anyhow
     }
     let url = url.trim().trim_end_matches('/');
     if !(url.starts_with("http://") || url.starts_with("https://")) || url.len() < 10 {
-        bail!("peer {id} has URL {url:?}; expected http://HOST:PORT");
+        bail!("peer {id} has URL {url:?}; expected http://HOST:PORT or https://HOST:PORT");
     }
     if peers.insert(id, url.to_string()).is_some() {
         bail!("peer {id} is listed twice");
@@ -324,6 +342,31 @@ impl ServeArgs {
         if !(1..=1 << 20).contains(&max_long_polls) {
             bail!("max_long_polls must be between 1 and 1048576, not {max_long_polls}");
         }
+        let tls_cert = self.tls_cert.clone().or(file.tls_cert);
+        let tls_key = self.tls_key.clone().or(file.tls_key);
+        let tls_ca = self.tls_ca.clone().or(file.tls_ca);
+        let own_https = peers[&id].starts_with("https://");
+        let tls = match (&tls_cert, &tls_key) {
+            (Some(cert), Some(key)) if own_https => Some(crate::tls::server_config(cert, key)?),
+            (Some(_), Some(_)) => bail!(
+                "this node serves TLS (--tls-cert), so its own URL in --peers must be https://, not {}",
+                peers[&id]
+            ),
+            (Some(_), None) | (None, Some(_)) => {
+                bail!("--tls-cert and --tls-key go together: give both or neither")
+            }
+            (None, None) if own_https => bail!(
+                "this node's URL in --peers is https:// but it has no certificate: give --tls-cert and --tls-key"
+            ),
+            (None, None) => None,
+        };
+        if tls_ca.is_none() && peers.values().any(|url| url.starts_with("https://")) {
+            bail!(
+                "peers are reached over https://, so --tls-ca is required: the PEM CA certificates \
+                 that signed the nodes' certificates (no system CA is trusted between nodes)"
+            );
+        }
+        let peer_http = crate::tls::peer_client(tls_ca.as_deref())?;
         Ok(Settings {
             id,
             listen,
@@ -349,6 +392,8 @@ impl ServeArgs {
             snapshot_keep_logs,
             write_buffer_bytes,
             max_entry_commands,
+            tls,
+            peer_http,
         })
     }
 }
@@ -517,5 +562,92 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(args.resolve().unwrap().id, 1);
+    }
+
+    #[test]
+    fn tls_settings_are_checked() {
+        use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
+        let dir = tempfile::tempdir().unwrap();
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca = ca_params.self_signed(&ca_key).unwrap();
+        let key = KeyPair::generate().unwrap();
+        let cert = CertificateParams::new(vec!["127.0.0.1".to_string()])
+            .unwrap()
+            .signed_by(&key, &ca, &ca_key)
+            .unwrap();
+        let file = |name: &str, text: &str| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, text).unwrap();
+            path
+        };
+        let ca_pem = file("ca.pem", &ca.pem());
+        let cert_pem = file("node.pem", &cert.pem());
+        let key_pem = file("node.key", &key.serialize_pem());
+        let other_key = file("other.key", &KeyPair::generate().unwrap().serialize_pem());
+        let garbage = file("garbage.pem", "not pem at all");
+        let tls = |cert: &PathBuf, key: &PathBuf| {
+            let mut a = base();
+            a.peers = Some("1=https://127.0.0.1:7001,2=https://127.0.0.1:7002".into());
+            a.tls_cert = Some(cert.clone());
+            a.tls_key = Some(key.clone());
+            a.tls_ca = Some(ca_pem.clone());
+            a
+        };
+
+        let s = tls(&cert_pem, &key_pem).resolve().unwrap();
+        assert!(s.tls.is_some());
+        assert!(base().resolve().unwrap().tls.is_none());
+
+        type Mutation = Box<dyn Fn(&mut ServeArgs)>;
+        let cases: Vec<(Mutation, &str)> = vec![
+            (Box::new(|a| a.tls_cert = None), "go together"),
+            (
+                Box::new(|a| {
+                    a.tls_cert = None;
+                    a.tls_key = None;
+                }),
+                "https:// but it has no certificate",
+            ),
+            (
+                Box::new(|a| a.peers = Some("1=http://127.0.0.1:7001".into())),
+                "must be https://",
+            ),
+            (Box::new(|a| a.tls_ca = None), "--tls-ca is required"),
+            (
+                Box::new(|a| a.tls_cert = Some("/nonexistent/node.pem".into())),
+                "cannot read the certificate file",
+            ),
+            (
+                Box::new(|a| a.tls_cert = Some(a.tls_key.clone().unwrap())),
+                "no certificate in it",
+            ),
+            (
+                Box::new(|a| a.tls_key = Some(a.tls_cert.clone().unwrap())),
+                "no PEM private key",
+            ),
+            (
+                Box::new(|a| a.tls_ca = Some(a.tls_key.clone().unwrap())),
+                "no certificate in it",
+            ),
+            (
+                Box::new(move |a| a.tls_key = Some(other_key.clone())),
+                "does not go with the certificate",
+            ),
+        ];
+        for (mutate, expected) in cases {
+            let mut a = tls(&cert_pem, &key_pem);
+            mutate(&mut a);
+            let err = format!("{:#}", a.resolve().unwrap_err());
+            assert!(err.contains(expected), "expected {expected:?} in: {err}");
+        }
+        // A plain node may still call https:// peers, given the CA.
+        let mut a = base();
+        a.peers = Some("1=http://127.0.0.1:7001,2=https://127.0.0.1:7002".into());
+        a.tls_ca = Some(ca_pem.clone());
+        assert!(a.resolve().is_ok());
+        a.tls_ca = Some(garbage);
+        assert!(a.resolve().is_err());
     }
 }

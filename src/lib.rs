@@ -10,6 +10,7 @@
 //! - [`state`]: the pure state machine: commands, apply, and the types stored on disk.
 //! - [`store`]: RocksDB: the Raft log, Raft metadata, the state machine, snapshots, the data
 //!   directory's identity and lock.
+//! - [`tls`]: rustls for the served port and for calls to peers.
 //! - [`codec`]: the one binary codec for disk and network, with decode limits.
 //!
 //! See ARCHITECTURE.md for the invariants and boundaries.
@@ -24,6 +25,7 @@ pub mod proposer;
 pub mod raft;
 pub mod state;
 pub mod store;
+pub mod tls;
 
 #[cfg(test)]
 mod fuzz_tests;

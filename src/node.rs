@@ -280,6 +280,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let log_store = LogStore::new(db.clone()).context("starting the log flusher thread")?;
     let committed = log_store.committed_index();
     let network = Network::new(
+        settings.peer_http.clone(),
         settings.cluster_secret.clone().into(),
         settings.raft_body_limit as u64,
     );
@@ -329,6 +330,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         url = settings.own_url(),
         cluster = %settings.cluster_id,
         data = %settings.data.display(),
+        tls = settings.tls.is_some(),
         "raftq node started"
     );
     match &settings.tokens_file {
@@ -346,18 +348,31 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
 
     let app = crate::api::router(node.clone()).merge(crate::raft::rpc::router(node.clone()));
     let (server_stop_tx, mut server_stop_rx) = watch::channel(false);
-    // Answers go out as soon as they are written (no Nagle delay behind an unacknowledged
-    // segment), as the clients' and peers' requests already do.
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    let server = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = server_stop_rx.wait_for(|s| *s).await;
+    let stopped = async move {
+        let _ = server_stop_rx.wait_for(|s| *s).await;
+    };
+    let server = match &settings.tls {
+        Some(tls) => {
+            let listener = crate::tls::TlsListener::new(listener, tls.clone())?;
+            tokio::spawn(async move {
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(stopped)
+                    .await
             })
-            .await
-    });
+        }
+        None => {
+            // Answers go out as soon as they are written (no Nagle delay behind an
+            // unacknowledged segment), as the clients' and peers' requests already do.
+            let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
+            tokio::spawn(async move {
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(stopped)
+                    .await
+            })
+        }
+    };
 
     tokio::spawn(bootstrap(node.clone()));
     tokio::spawn(ticker(node.clone()));
@@ -489,7 +504,7 @@ async fn ticker(node: AppState) {
 /// peer (the leader) reports having replicated entries to this node id, start-up is refused
 /// with what to do instead.
 async fn refuse_wiped_voter(settings: &Settings) -> anyhow::Result<()> {
-    let http = reqwest::Client::new();
+    let http = &settings.peer_http;
     for (peer, url) in settings.peers.iter().filter(|(id, _)| **id != settings.id) {
         let Ok(resp) = http
             .get(format!("{url}/raft/status"))
@@ -529,7 +544,7 @@ async fn bootstrap(node: AppState) {
     if !matches!(node.raft.is_initialized().await, Ok(false)) {
         return;
     }
-    let http = reqwest::Client::new();
+    let http = &node.settings.peer_http;
     for (id, url) in node.settings.peers.iter().filter(|(id, _)| **id != node.id) {
         let resp = http
             .get(format!("{url}/raft/status"))
@@ -654,7 +669,9 @@ async fn hand_over(node: &Node, id: NodeId, url: &str, raft_stopped: Instant, de
         return;
     }
     tokio::time::sleep_until(lease_lapsed.into()).await;
-    let result = reqwest::Client::new()
+    let result = node
+        .settings
+        .peer_http
         .post(format!("{url}/raft/elect"))
         .header(SECRET_HEADER, &node.settings.cluster_secret)
         .timeout(

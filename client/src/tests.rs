@@ -685,9 +685,19 @@ async fn bad_client_options_are_rejected() {
         Err(Error::InvalidArgument(_))
     ));
     assert!(matches!(
-        Client::new(["https://h:1"]),
+        Client::new(["ftp://h:1"]),
         Err(Error::InvalidUrl { .. })
     ));
+    assert!(Client::new(["https://h:1"]).is_ok());
+    let not_pem = Client::builder(["https://h:1"])
+        .ca_cert_pem("not a certificate")
+        .build();
+    assert!(
+        matches!(not_pem, Err(Error::InvalidArgument(_))),
+        "{not_pem:?}"
+    );
+    let missing = Client::builder(["https://h:1"]).ca_file("/nonexistent/ca.pem");
+    assert!(matches!(missing, Err(Error::InvalidArgument(_))));
     assert!(matches!(
         Client::new(["h:1"]),
         Err(Error::InvalidUrl { .. })

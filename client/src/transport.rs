@@ -429,7 +429,7 @@ fn classify(
                     .and_then(|base| join(&base, &call.target).ok())
             });
         return match location {
-            Some(location) if is_http(&location) => {
+            Some(location) if may_follow(url, &location) => {
                 let leader_base = leader_url
                     .and_then(|leader| base_url(leader).ok())
                     .or_else(|| base_of(&location, &call.target));
@@ -617,11 +617,17 @@ fn error_chain(err: &dyn std::error::Error) -> String {
     text
 }
 
-fn is_http(url: &Url) -> bool {
-    url.scheme() == "http"
+/// Whether a redirect from `from` to `to` may be followed: to `http` or `https`, but never from
+/// `https` down to `http`, which would send the token and the body in the clear.
+fn may_follow(from: &Url, to: &Url) -> bool {
+    match to.scheme() {
+        "https" => true,
+        "http" => from.scheme() == "http",
+        _ => false,
+    }
 }
 
-/// Parses and normalizes a node's base URL: `http`, no query or fragment, path ending in `/`
+/// Parses and normalizes a node's base URL: `http` or `https`, no query or fragment, path ending in `/`
 /// so that relative targets join below it.
 pub(crate) fn base_url(raw: &str) -> Result<Url, Error> {
     let invalid = |reason: &str| Error::InvalidUrl {
@@ -630,11 +636,8 @@ pub(crate) fn base_url(raw: &str) -> Result<Url, Error> {
     };
     let mut url = Url::parse(raw.trim()).map_err(|err| invalid(&err.to_string()))?;
     match url.scheme() {
-        "http" => {}
-        // reqwest is built without a TLS backend (the server speaks plain HTTP); refusing here
-        // is clearer than failing every request later.
-        "https" => return Err(invalid("https is not supported by this build (no TLS)")),
-        _ => return Err(invalid("the scheme must be http")),
+        "http" | "https" => {}
+        _ => return Err(invalid("the scheme must be http or https")),
     }
     if url.host_str().is_none() {
         return Err(invalid("no host"));
@@ -695,6 +698,16 @@ mod tests {
     }
 
     #[test]
+    fn redirects_never_go_from_https_to_http() {
+        let url = |s: &str| Url::parse(s).unwrap();
+        assert!(may_follow(&url("http://a:1/"), &url("http://b:1/v1")));
+        assert!(may_follow(&url("http://a:1/"), &url("https://b:1/v1")));
+        assert!(may_follow(&url("https://a:1/"), &url("https://b:1/v1")));
+        assert!(!may_follow(&url("https://a:1/"), &url("http://b:1/v1")));
+        assert!(!may_follow(&url("http://a:1/"), &url("ftp://b:1/v1")));
+    }
+
+    #[test]
     fn base_urls_are_normalized_and_checked() {
         let check = |raw: &str, expected: Option<&str>| {
             let got = base_url(raw).ok().map(|url| url.to_string());
@@ -704,7 +717,7 @@ mod tests {
         check("http://Node-1:7001/", Some("http://node-1:7001/"));
         check("http://lb/raftq", Some("http://lb/raftq/"));
         check(" http://h:1 ", Some("http://h:1/"));
-        check("https://h:1", None);
+        check("https://h:1", Some("https://h:1/"));
         check("ftp://h", None);
         check("h:7001", None);
         check("http://h/?x=1", None);

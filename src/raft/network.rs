@@ -80,13 +80,9 @@ pub struct Network {
 }
 
 impl Network {
-    pub fn new(secret: Arc<str>, decode_limit: u64) -> Self {
-        let http = reqwest::Client::builder()
-            .pool_idle_timeout(std::time::Duration::from_secs(60))
-            .tcp_nodelay(true)
-            .connect_timeout(std::time::Duration::from_millis(500))
-            .build()
-            .unwrap_or_default();
+    /// `http` is the node's peer client ([`crate::tls::peer_client`]): pooled, and trusting
+    /// the cluster's CA for `https://` peers.
+    pub fn new(http: reqwest::Client, secret: Arc<str>, decode_limit: u64) -> Self {
         Network {
             http,
             secret,

@@ -108,6 +108,59 @@ pub struct Cluster {
     /// The API token the harness's own requests and SDK clients send, when the nodes
     /// require one.
     token: Option<String>,
+    /// With TLS: the CA certificate file (PEM) that signed every node's certificate. The
+    /// harness's own client and its SDK clients trust it; node URLs are `https://`.
+    tls_ca: Option<PathBuf>,
+}
+
+/// A certificate authority made at test time, and the files of one server certificate it
+/// signed for `127.0.0.1` and `localhost`.
+pub struct TestCa {
+    pub ca_pem: String,
+    pub cert_pem: String,
+    pub key_pem: String,
+}
+
+impl TestCa {
+    /// A new CA (its own key) and a server certificate signed by it.
+    pub fn new(name: &str) -> TestCa {
+        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+        let ca_key = KeyPair::generate().expect("generate the CA key");
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca_params
+            .distinguished_name
+            .push(DnType::CommonName, format!("{name} test CA"));
+        let ca = ca_params.self_signed(&ca_key).expect("self-sign the CA");
+        let key = KeyPair::generate().expect("generate the server key");
+        let mut params =
+            CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])
+                .expect("server params");
+        params
+            .distinguished_name
+            .push(DnType::CommonName, format!("{name} node"));
+        let cert = params
+            .signed_by(&key, &ca, &ca_key)
+            .expect("sign the server certificate");
+        TestCa {
+            ca_pem: ca.pem(),
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+        }
+    }
+
+    /// Writes `ca.pem`, `node.pem` and `node.key` into `dir`, returning their paths.
+    pub fn write(&self, dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+        let paths = (
+            dir.join("ca.pem"),
+            dir.join("node.pem"),
+            dir.join("node.key"),
+        );
+        std::fs::write(&paths.0, &self.ca_pem).expect("write ca.pem");
+        std::fs::write(&paths.1, &self.cert_pem).expect("write node.pem");
+        std::fs::write(&paths.2, &self.key_pem).expect("write node.key");
+        paths
+    }
 }
 
 impl Cluster {
@@ -132,11 +185,17 @@ impl Cluster {
     /// node gets, `admin_token` the token the harness itself sends (it must be granted
     /// `admin:*` for the harness's own checks to work).
     pub async fn start_with_tokens(n: u64, tokens_toml: &str, admin_token: &str) -> Cluster {
-        Self::start_inner(n, 0, &[], Some((tokens_toml, admin_token))).await
+        Self::start_inner(n, 0, &[], Some((tokens_toml, admin_token)), None).await
+    }
+
+    /// An `n`-node cluster that serves TLS on every port (client API and Raft alike), with
+    /// one certificate signed by `ca`, and trusts `ca` between nodes.
+    pub async fn start_with_tls(n: u64, ca: &TestCa) -> Cluster {
+        Self::start_inner(n, 0, &[], None, Some(ca)).await
     }
 
     async fn start_full(n: u64, spares: u64, extra_args: &[&str]) -> Cluster {
-        Self::start_inner(n, spares, extra_args, None).await
+        Self::start_inner(n, spares, extra_args, None, None).await
     }
 
     async fn start_inner(
@@ -144,11 +203,25 @@ impl Cluster {
         spares: u64,
         extra_args: &[&str],
         tokens: Option<(&str, &str)>,
+        tls: Option<&TestCa>,
     ) -> Cluster {
         const ATTEMPTS: u32 = 3;
         for attempt in 1..=ATTEMPTS {
-            let mut cluster = Cluster::create(n + spares, tokens.map(|(_, t)| t));
+            let mut cluster = Cluster::create(n + spares, tokens.map(|(_, t)| t), tls);
             cluster.extra_args = extra_args.iter().map(|a| a.to_string()).collect();
+            if tls.is_some() {
+                let dir = cluster.root.clone();
+                for (flag, file) in [
+                    ("--tls-cert", "node.pem"),
+                    ("--tls-key", "node.key"),
+                    ("--tls-ca", "ca.pem"),
+                ] {
+                    cluster.extra_args.push(flag.into());
+                    cluster
+                        .extra_args
+                        .push(dir.join(file).to_string_lossy().into_owned());
+                }
+            }
             if let Some((text, _)) = tokens {
                 let path = cluster.root.join("tokens.toml");
                 std::fs::write(&path, text).expect("write the tokens file");
@@ -174,7 +247,7 @@ impl Cluster {
         unreachable!("the last attempt returns or panics")
     }
 
-    fn create(n: u64, token: Option<&str>) -> Cluster {
+    fn create(n: u64, token: Option<&str>, tls: Option<&TestCa>) -> Cluster {
         assert!(n >= 1, "a cluster needs at least one node");
         let dir = tempfile::Builder::new()
             .prefix("raftq-it-")
@@ -202,7 +275,16 @@ impl Cluster {
                 .expect("a token fits in a header");
             headers.insert(reqwest::header::AUTHORIZATION, value);
         }
-        let http = reqwest::Client::builder()
+        let mut http = reqwest::Client::builder();
+        let tls_ca = tls.map(|ca| ca.write(&root).0);
+        if let Some(ca) = tls {
+            let cert = reqwest::Certificate::from_pem(ca.ca_pem.as_bytes()).expect("CA PEM");
+            http = http
+                .use_rustls_tls()
+                .tls_built_in_root_certs(false)
+                .add_root_certificate(cert);
+        }
+        let http = http
             .default_headers(headers)
             .redirect(reqwest::redirect::Policy::none())
             .pool_max_idle_per_host(0)
@@ -219,6 +301,7 @@ impl Cluster {
             extra_args: Vec::new(),
             initial_voters: None,
             token: token.map(str::to_owned),
+            tls_ca,
         }
     }
 
@@ -253,7 +336,21 @@ impl Cluster {
 
     /// Base URL of node `id`, as in `--peers` (no trailing slash).
     pub fn url(&self, id: u64) -> String {
-        format!("http://127.0.0.1:{}", self.port(id))
+        format!("{}://127.0.0.1:{}", self.scheme(), self.port(id))
+    }
+
+    /// `https` when the cluster serves TLS, else `http`.
+    pub fn scheme(&self) -> &'static str {
+        if self.tls_ca.is_some() {
+            "https"
+        } else {
+            "http"
+        }
+    }
+
+    /// The CA file of a TLS cluster.
+    pub fn tls_ca(&self) -> Option<&Path> {
+        self.tls_ca.as_deref()
     }
 
     /// Base URLs of every node, in id order.
@@ -290,12 +387,22 @@ impl Cluster {
         if let Some(t) = &self.token {
             builder = builder.token(t);
         }
+        if let Some(ca) = &self.tls_ca {
+            builder = builder
+                .ca_file(ca)
+                .unwrap_or_else(|e| self.fail(&format!("cannot read the CA file: {e}")));
+        }
         builder
             .build()
             .unwrap_or_else(|e| self.fail(&format!("cannot build an SDK client: {e}")))
     }
 
-    fn peers_arg(nodes: &BTreeMap<u64, NodeProc>, id: u64, initial: Option<u64>) -> String {
+    fn peers_arg(
+        nodes: &BTreeMap<u64, NodeProc>,
+        id: u64,
+        initial: Option<u64>,
+        scheme: &str,
+    ) -> String {
         let limit = match initial {
             Some(k) if id <= k => k,
             _ => u64::MAX,
@@ -303,7 +410,7 @@ impl Cluster {
         nodes
             .iter()
             .filter(|(peer, _)| **peer <= limit)
-            .map(|(id, n)| format!("{id}=http://127.0.0.1:{}", n.port))
+            .map(|(id, n)| format!("{id}={scheme}://127.0.0.1:{}", n.port))
             .collect::<Vec<_>>()
             .join(",")
     }
@@ -312,7 +419,7 @@ impl Cluster {
     /// directory and cluster id (the harness uses its own values; tests vary them to check the
     /// start-up guards). Standard streams are left to the caller.
     pub fn serve_command(&self, id: u64, port: u16, data: &Path, cluster_id: &str) -> Command {
-        let peers = Self::peers_arg(&lock(&self.nodes), id, self.initial_voters);
+        let peers = Self::peers_arg(&lock(&self.nodes), id, self.initial_voters, self.scheme());
         let mut cmd = Command::new(BIN);
         cmd.arg("serve")
             .arg("--id")
