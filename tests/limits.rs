@@ -225,3 +225,68 @@ async fn a_flood_of_large_bodies_gets_429_and_memory_stays_bounded() {
     let ack = c.publish_values("t", &["after the flood".into()]).await;
     assert_eq!(ack.first_offset, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_beyond_the_in_flight_limit_get_429_and_a_refused_publish_changes_nothing() {
+    const IN_FLIGHT: usize = 3;
+    let c = Cluster::start_with(1, &["--max-requests-in-flight", &IN_FLIGHT.to_string()]).await;
+    c.create_topic("t").await;
+    let base = c.url(1);
+
+    // Long-poll reads of the empty topic hold every request slot for a few seconds.
+    let polls: Vec<_> = (0..IN_FLIGHT)
+        .map(|_| {
+            let http = c.http().clone();
+            let url = format!("{base}/v1/topics/t/records?from=first&wait_ms=4000");
+            tokio::spawn(async move {
+                let resp = http.get(url).send().await.expect("long-poll");
+                let status = resp.status().as_u16();
+                let body: ReadResponse = resp.json().await.expect("a read answer");
+                (status, body.records.len())
+            })
+        })
+        .collect();
+    // Once they all wait, any further /v1 request is refused: wait for the first refusal.
+    c.wait_for(
+        "every request slot held",
+        Duration::from_secs(3),
+        || async {
+            match c.http().get(format!("{base}/v1/cluster")).send().await {
+                Ok(r) if r.status().as_u16() == 429 => Ok(()),
+                Ok(r) => Err(format!("answered {}", r.status())),
+                Err(e) => Err(e.to_string()),
+            }
+        },
+    )
+    .await;
+
+    // A valid publish now is refused before anything happens, and says when to come back.
+    let resp = c
+        .http()
+        .post(format!("{base}/v1/topics/t/records"))
+        .json(&json!({"records": [{"value": "refused"}]}))
+        .send()
+        .await
+        .expect("publish");
+    assert_eq!(resp.status().as_u16(), 429);
+    assert!(resp.headers().contains_key("retry-after"));
+    let problem: serde_json::Value = resp.json().await.expect("a problem body");
+    assert_eq!(problem["code"], "overloaded", "{problem}");
+    // Probes are not /v1 requests and stay open.
+    let health = c
+        .http()
+        .get(format!("{base}/healthz"))
+        .send()
+        .await
+        .expect("healthz");
+    assert_eq!(health.status().as_u16(), 200);
+
+    // The long-polls end empty-handed: the refused publish never reached the topic.
+    for poll in polls {
+        let (status, records) = poll.await.expect("a long-poll task");
+        assert_eq!((status, records), (200, 0), "a long-poll saw a record");
+    }
+    assert!(c.read_all(1, "t").await.is_empty());
+    let ack = c.publish_values("t", &["accepted".into()]).await;
+    assert_eq!(ack.first_offset, 0, "the refused publish took an offset");
+}
