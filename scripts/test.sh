@@ -52,4 +52,13 @@ else
         scripts/negative-control.sh 10s
 fi
 
+# The three-node Docker Compose deployment, end to end (needs a running Docker engine).
+# RAFTQ_SKIP_DOCKER=1 skips it on a machine without one; CI always runs it.
+if [[ "${RAFTQ_SKIP_DOCKER:-0}" == 1 && "${CI:-}" != true ]]; then
+    info "RAFTQ_SKIP_DOCKER=1: compose deployment check skipped"
+else
+    step "compose deployment: image, three healthy nodes, publish and read through each, down" \
+        scripts/docker.sh test
+fi
+
 ok "all checks passed"

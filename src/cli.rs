@@ -13,7 +13,9 @@
 
 pub mod bench;
 pub mod cluster;
+pub mod health;
 pub mod token;
+pub mod topic;
 
 use std::io::{self, BufRead, IsTerminal, Write};
 use std::path::PathBuf;

@@ -18,6 +18,10 @@ pub struct ServeArgs {
     /// This node's id (a positive integer, unique in the cluster, never reused).
     #[arg(long, env = "RAFTQ_ID")]
     pub id: Option<u64>,
+    /// Take the id from the host name's trailing ordinal plus one (`raftq-0` is node 1), as
+    /// for the pods of a Kubernetes StatefulSet. Ignored when `--id` is given.
+    #[arg(long, env = "RAFTQ_ID_FROM_HOSTNAME")]
+    pub id_from_hostname: bool,
     /// Address to listen on for the client API and Raft RPC, e.g. 127.0.0.1:7001.
     #[arg(long, env = "RAFTQ_LISTEN")]
     pub listen: Option<SocketAddr>,
@@ -211,6 +215,34 @@ fn insert_peer(peers: &mut BTreeMap<u64, String>, id: &str, url: &str) -> anyhow
     Ok(())
 }
 
+/// This machine's host name.
+fn hostname() -> anyhow::Result<String> {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for its length; gethostname NUL-terminates within it or
+    // truncates, and we stop at the first NUL or the end.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        bail!(
+            "cannot read the host name: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    Ok(String::from_utf8_lossy(&buf[..end]).into_owned())
+}
+
+/// The node id of a host named `NAME-ORDINAL`: the ordinal plus one.
+pub fn id_from_hostname(host: &str) -> anyhow::Result<u64> {
+    let short = host.split('.').next().unwrap_or(host);
+    short
+        .rsplit_once('-')
+        .and_then(|(_, ordinal)| ordinal.parse::<u64>().ok())
+        .and_then(|ordinal| ordinal.checked_add(1))
+        .ok_or_else(|| {
+            anyhow!("--id-from-hostname: the host name {host:?} does not end in -ORDINAL (as raftq-0 does)")
+        })
+}
+
 fn read_secret(path: &Path) -> anyhow::Result<String> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read the cluster secret file {}", path.display()))?;
@@ -229,10 +261,11 @@ impl ServeArgs {
                     .with_context(|| format!("invalid config file {}", path.display()))?
             }
         };
-        let id = self
-            .id
-            .or(file.id)
-            .ok_or_else(|| anyhow!("--id (or RAFTQ_ID, or `id` in the config file) is required"))?;
+        let id = match self.id.or(file.id) {
+            Some(id) => id,
+            None if self.id_from_hostname => id_from_hostname(&hostname()?)?,
+            None => bail!("--id (or RAFTQ_ID, or `id` in the config file) is required"),
+        };
         if id == 0 {
             bail!("--id must be at least 1");
         }
@@ -562,6 +595,23 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(args.resolve().unwrap().id, 1);
+    }
+
+    #[test]
+    fn ids_come_from_statefulset_host_names() {
+        assert_eq!(id_from_hostname("raftq-0").unwrap(), 1);
+        assert_eq!(
+            id_from_hostname("raftq-2.raftq-headless.ns.svc").unwrap(),
+            3
+        );
+        assert_eq!(id_from_hostname("my-queue-11").unwrap(), 12);
+        for bad in ["raftq", "raftq-", "raftq-x", "", "a-18446744073709551615"] {
+            assert!(id_from_hostname(bad).is_err(), "{bad}");
+        }
+        // --id wins over the host name.
+        let mut a = base();
+        a.id_from_hostname = true;
+        assert_eq!(a.resolve().unwrap().id, 1);
     }
 
     #[test]

@@ -36,6 +36,10 @@ enum Cmd {
     Cluster(raftq::cli::cluster::ClusterArgs),
     /// Make API tokens: a new random token with its tokens-file entry, or a token's hash.
     Token(raftq::cli::token::TokenArgs),
+    /// Create, list, describe and delete topics.
+    Topic(raftq::cli::topic::TopicArgs),
+    /// Ask one node whether it is alive (or, with --ready, ready); exit 0 if so, 1 if not.
+    Health(raftq::cli::health::HealthArgs),
 }
 
 fn init_logging(format: &str) {
@@ -70,6 +74,8 @@ fn main() -> std::process::ExitCode {
         Cmd::Cluster(args) => return raftq::cli::cluster::cluster(args),
         Cmd::Bench(args) => return raftq::cli::bench::bench(args),
         Cmd::Token(args) => return raftq::cli::token::token(args),
+        Cmd::Topic(args) => return raftq::cli::topic::topic(args),
+        Cmd::Health(args) => return raftq::cli::health::health(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

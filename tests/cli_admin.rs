@@ -1,0 +1,89 @@
+//! The administrative CLI against a real node: `raftq topic create|list|info|delete` (tables
+//! and `--json`) and `raftq health`, with their exit codes.
+
+mod common;
+
+use std::process::{Command, Output};
+
+use common::{free_port, Cluster, BIN};
+use serde_json::Value;
+
+/// `raftq ARGS --url URL`, with no RAFTQ_* from the test's environment.
+fn raftq(url: &str, args: &[&str]) -> Output {
+    let mut cmd = Command::new(BIN);
+    cmd.args(args).arg("--url").arg(url);
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("RAFTQ_") {
+            cmd.env_remove(name);
+        }
+    }
+    cmd.output().expect("run raftq")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn json(out: &Output) -> Value {
+    assert!(out.status.success(), "{out:?}");
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {out:?}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topic_commands_and_health_against_a_node() {
+    let c = Cluster::start(1).await;
+    let url = c.url(1);
+
+    let created = json(&raftq(
+        &url,
+        &["topic", "create", "jobs", "--max-records", "100", "--json"],
+    ));
+    assert_eq!(created["name"], "jobs");
+    assert_eq!(created["config"]["retention"]["max_records"], 100);
+    // Again with the same settings: nothing changes, and it says so.
+    let again = raftq(&url, &["topic", "create", "jobs", "--max-records", "100"]);
+    assert!(again.status.success(), "{again:?}");
+    assert!(text(&again.stdout).contains("already exists"), "{again:?}");
+    // Other settings: a conflict, exit 1, the problem's title and detail on stderr.
+    let conflict = raftq(&url, &["topic", "create", "jobs", "--max-records", "5"]);
+    assert_eq!(conflict.status.code(), Some(1), "{conflict:?}");
+    assert!(
+        !text(&conflict.stderr).contains("Problem {"),
+        "{conflict:?}"
+    );
+
+    c.publish_values("jobs", &["a".into(), "b".into()]).await;
+    let list = json(&raftq(&url, &["topic", "list", "--json"]));
+    assert_eq!(list["topics"][0]["name"], "jobs");
+    assert_eq!(list["topics"][0]["records"], 2);
+    let table = raftq(&url, &["topic", "list"]);
+    let table = text(&table.stdout);
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("jobs ") && l.contains(" 2 ")),
+        "{table}"
+    );
+    let info = json(&raftq(&url, &["topic", "info", "jobs", "--json"]));
+    assert_eq!(
+        (info["next_offset"].as_u64(), info["records"].as_u64()),
+        (Some(2), Some(2))
+    );
+
+    let deleted = raftq(&url, &["topic", "delete", "jobs"]);
+    assert!(deleted.status.success(), "{deleted:?}");
+    let gone = raftq(&url, &["topic", "info", "jobs"]);
+    assert_eq!(gone.status.code(), Some(1), "{gone:?}");
+    assert!(c.topics(1).await.topics.is_empty());
+    let usage = raftq(&url, &["topic", "create"]);
+    assert_eq!(usage.status.code(), Some(2), "{usage:?}");
+
+    // health: 0 when the node answers, 1 when nothing does.
+    for args in [&["health"][..], &["health", "--ready"][..]] {
+        let out = raftq(&url, args);
+        assert!(out.status.success(), "{args:?}: {out:?}");
+    }
+    let dead = format!("http://127.0.0.1:{}", free_port());
+    let out = raftq(&dead, &["health"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+}
