@@ -40,8 +40,19 @@ compose() {
 }
 
 need_docker() {
+    local i
     command -v docker >/dev/null 2>&1 || die "docker is not installed"
-    docker info >/dev/null 2>&1 || die "the Docker engine is not running (or not reachable by this user)"
+    docker info >/dev/null 2>&1 && return 0
+    # An engine installed but stopped: start it when we may.
+    if [[ $EUID -eq 0 ]] && command -v dockerd >/dev/null 2>&1; then
+        info "the Docker engine is not running; starting it"
+        service docker start >/dev/null 2>&1 || (nohup dockerd >/var/log/dockerd.log 2>&1 &)
+        for ((i = 0; i < 30; i++)); do
+            docker info >/dev/null 2>&1 && return 0
+            sleep 1
+        done
+    fi
+    die "the Docker engine is not running (or not reachable by this user)"
 }
 
 # The image: the binary, the shared libraries it links (as ldd finds them), an unprivileged
