@@ -14,6 +14,7 @@
 pub mod bench;
 pub mod cluster;
 pub mod health;
+pub mod sub;
 pub mod token;
 pub mod topic;
 

@@ -38,6 +38,8 @@ enum Cmd {
     Token(raftq::cli::token::TokenArgs),
     /// Create, list, describe and delete topics.
     Topic(raftq::cli::topic::TopicArgs),
+    /// Create, list, describe and delete the subscriptions of a topic.
+    Sub(raftq::cli::sub::SubArgs),
     /// Ask one node whether it is alive (or, with --ready, ready); exit 0 if so, 1 if not.
     Health(raftq::cli::health::HealthArgs),
 }
@@ -75,6 +77,7 @@ fn main() -> std::process::ExitCode {
         Cmd::Bench(args) => return raftq::cli::bench::bench(args),
         Cmd::Token(args) => return raftq::cli::token::token(args),
         Cmd::Topic(args) => return raftq::cli::topic::topic(args),
+        Cmd::Sub(args) => return raftq::cli::sub::sub(args),
         Cmd::Health(args) => return raftq::cli::health::health(args),
     };
     match result {

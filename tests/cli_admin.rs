@@ -1,5 +1,6 @@
-//! The administrative CLI against a real node: `raftq topic create|list|info|delete` (tables
-//! and `--json`) and `raftq health`, with their exit codes.
+//! The administrative CLI against a real node: `raftq topic create|list|info|delete` and
+//! `raftq sub create|list|info|delete` (tables and `--json`) and `raftq health`, with their
+//! exit codes.
 
 mod common;
 
@@ -30,7 +31,7 @@ fn json(out: &Output) -> Value {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn topic_commands_and_health_against_a_node() {
+async fn topic_and_sub_commands_and_health_against_a_node() {
     let c = Cluster::start(1).await;
     let url = c.url(1);
 
@@ -69,6 +70,43 @@ async fn topic_commands_and_health_against_a_node() {
         (info["next_offset"].as_u64(), info["records"].as_u64()),
         (Some(2), Some(2))
     );
+
+    // Subscriptions of the topic.
+    let sub = json(&raftq(
+        &url,
+        &[
+            "sub",
+            "create",
+            "jobs",
+            "workers",
+            "--start",
+            "1",
+            "--max-deliveries",
+            "3",
+            "--json",
+        ],
+    ));
+    assert_eq!(
+        (sub["name"].as_str(), sub["cursor"].as_u64()),
+        (Some("workers"), Some(1))
+    );
+    assert_eq!(sub["config"]["max_deliveries"], 3);
+    let bad_start = raftq(&url, &["sub", "create", "jobs", "w2", "--start", "soon"]);
+    assert_eq!(bad_start.status.code(), Some(2), "{bad_start:?}");
+    let subs = json(&raftq(&url, &["sub", "list", "jobs", "--json"]));
+    assert_eq!(subs["subscriptions"].as_array().map(Vec::len), Some(1));
+    let info = raftq(&url, &["sub", "info", "jobs", "workers"]);
+    let info = text(&info.stdout);
+    assert!(
+        info.lines()
+            .any(|l| l.starts_with("workers ") && l.contains(" 1 ")),
+        "{info}"
+    );
+    assert!(raftq(&url, &["sub", "delete", "jobs", "workers"])
+        .status
+        .success());
+    let gone = raftq(&url, &["sub", "info", "jobs", "workers"]);
+    assert_eq!(gone.status.code(), Some(1), "{gone:?}");
 
     let deleted = raftq(&url, &["topic", "delete", "jobs"]);
     assert!(deleted.status.success(), "{deleted:?}");
