@@ -375,6 +375,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     };
 
     tokio::spawn(bootstrap(node.clone()));
+    tokio::spawn(log_changes(node.clone()));
     tokio::spawn(ticker(node.clone()));
     tokio::spawn(snapshot_by_bytes(node.clone()));
     let fatal = watch_fatal(node.clone());
@@ -390,6 +391,56 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     }
     shutdown(node, server_stop_tx, server, db, datadir).await;
     Ok(())
+}
+
+/// Logs, at info, every change of leader or term and of the members as this node sees them,
+/// with the figures an operator needs to follow an election or a membership change.
+async fn log_changes(node: AppState) {
+    let mut rx = node.raft.metrics();
+    let mut shutdown = node.shutdown_rx();
+    let mut seen: Option<(Option<NodeId>, u64)> = None;
+    let mut members: Option<(Option<crate::raft::LogId>, Vec<NodeId>, Vec<NodeId>)> = None;
+    loop {
+        {
+            let m = rx.borrow_watched();
+            let term = m.current_term;
+            let leader = (m.current_leader, term);
+            if seen != Some(leader) {
+                let previous = seen.and_then(|(l, _)| l);
+                match m.current_leader {
+                    Some(id) => tracing::info!(
+                        term,
+                        leader = id,
+                        previous_leader = previous,
+                        this_node_leads = id == node.id,
+                        last_log_index = m.last_log_index.unwrap_or(0),
+                        last_applied = m.last_applied.map_or(0, |l| l.index),
+                        "leader changed"
+                    ),
+                    None => tracing::info!(term, previous_leader = previous, "no leader known"),
+                }
+                seen = Some(leader);
+            }
+            // Compared by the log id of the entry that set them: no lists built per change.
+            let config_id = *m.membership_config.log_id();
+            if members.as_ref().map(|(id, _, _)| *id) != Some(config_id) {
+                let membership = m.membership_config.membership();
+                let voters: Vec<NodeId> = membership.voter_ids().collect();
+                let learners: Vec<NodeId> = membership.learner_ids().collect();
+                let changed = members
+                    .as_ref()
+                    .is_none_or(|(_, v, l)| *v != voters || *l != learners);
+                if changed && !voters.is_empty() {
+                    tracing::info!(voters = ?voters, learners = ?learners, term, "members");
+                }
+                members = Some((config_id, voters, learners));
+            }
+        }
+        tokio::select! {
+            r = rx.changed() => if r.is_err() { return },
+            _ = shutdown.changed() => return,
+        }
+    }
 }
 
 /// Resolves when Raft stops for any reason other than our own shutdown.

@@ -411,6 +411,7 @@ impl SmShared {
 
     /// Builds a snapshot of the applied state durably and makes it the current one; blocking.
     fn build_blocking(&self) -> StorageResult<(snapshot::FileMeta, PathBuf)> {
+        let started = std::time::Instant::now();
         self.snapshot_mark.store(
             self.applied_bytes.load(Ordering::Relaxed),
             Ordering::Relaxed,
@@ -427,13 +428,20 @@ impl SmShared {
             bytes,
         });
         snapshot::remove_others(&self.snapshot_dir, &path);
-        tracing::info!(snapshot = %meta.snapshot_id, bytes, "snapshot built");
+        tracing::info!(
+            snapshot = %meta.snapshot_id,
+            index = meta.last_log_id.map_or(0, |id| id.index),
+            bytes,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "snapshot built"
+        );
         Ok((meta, path))
     }
 
     /// Stores a received snapshot durably, checks it is the one announced, and replaces the
     /// state machine with it; blocking.
     fn install_blocking(&self, src: &mut std::fs::File, want: &SnapshotMeta) -> StorageResult<()> {
+        let started = std::time::Instant::now();
         let fail = |e: snapshot::SnapshotError| to_io(e);
         let fault = |e: std::io::Error| to_io(e);
         src.sync_all().map_err(fault)?;
@@ -447,7 +455,13 @@ impl SmShared {
         super::faults::point(super::faults::INSTALL_STORED).map_err(fault)?;
         let bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
         self.load_snapshot(&path).map_err(fail)?;
-        tracing::info!(snapshot = %got.snapshot_id, bytes, "snapshot installed");
+        tracing::info!(
+            snapshot = %got.snapshot_id,
+            index = got.last_log_id.map_or(0, |id| id.index),
+            bytes,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "snapshot installed"
+        );
         super::faults::point(super::faults::INSTALL_LOADED).map_err(fault)?;
         let mut cur = self
             .current_snapshot
