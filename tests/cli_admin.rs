@@ -125,3 +125,88 @@ async fn topic_and_sub_commands_and_health_against_a_node() {
     let out = raftq(&dead, &["health"]);
     assert_eq!(out.status.code(), Some(1), "{out:?}");
 }
+
+/// `raftq ARGS --url URLS` with `stdin` as its standard input.
+fn raftq_with_input(urls: &str, args: &[&str], stdin: &str) -> Output {
+    use std::io::Write as _;
+    let mut cmd = Command::new(BIN);
+    cmd.args(args).arg("--url").arg(urls);
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("RAFTQ_") {
+            cmd.env_remove(name);
+        }
+    }
+    let mut child = cmd
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn raftq");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(stdin.as_bytes())
+        .expect("write stdin");
+    child.wait_with_output().expect("wait for raftq")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publish_from_stdin_consume_report_and_status_on_three_nodes() {
+    let c = Cluster::start(3).await;
+    let urls = c.urls().join(",");
+
+    assert!(raftq(&urls, &["topic", "create", "orders"])
+        .status
+        .success());
+    let published = raftq_with_input(&urls, &["publish", "orders"], "one\ntwo\nthree\n");
+    assert!(published.status.success(), "{published:?}");
+    assert!(
+        text(&published.stderr).contains("3 records"),
+        "{published:?}"
+    );
+    assert!(raftq(&urls, &["sub", "create", "orders", "workers"])
+        .status
+        .success());
+
+    // consume prints each message as a JSON line and acks it.
+    let consumed = raftq(
+        &urls,
+        &["consume", "orders", "-s", "workers", "--max", "3", "--json"],
+    );
+    assert!(consumed.status.success(), "{consumed:?}");
+    let values: Vec<String> = text(&consumed.stdout)
+        .lines()
+        .map(|line| {
+            let v: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+            v["value"].as_str().unwrap_or_default().to_string()
+        })
+        .collect();
+    assert_eq!(values, ["one", "two", "three"]);
+
+    let report = json(&raftq(&urls, &["report", "orders", "--json"]));
+    assert_eq!(report["published"], 3, "{report}");
+    let workers = &report["subscriptions"]["workers"];
+    assert_eq!(
+        (workers["acked"].as_u64(), workers["backlog"].as_u64()),
+        (Some(3), Some(0)),
+        "{report}"
+    );
+
+    let status = json(&raftq(&urls, &["cluster", "status", "--json"]));
+    assert_eq!(
+        status["members"].as_array().map(Vec::len),
+        Some(3),
+        "{status}"
+    );
+    assert_eq!(
+        status["leader_id"].as_u64(),
+        Some(c.leader_id().await),
+        "{status}"
+    );
+
+    // A subscription that does not exist: exit 1, the problem on stderr.
+    let missing = raftq(&urls, &["consume", "orders", "-s", "nobody", "--max", "1"]);
+    assert_eq!(missing.status.code(), Some(1), "{missing:?}");
+    assert!(text(&missing.stderr).contains("nobody"), "{missing:?}");
+}
