@@ -4,7 +4,7 @@
 #
 #   scripts/test.sh [ARGS...]     ARGS go to `cargo test`, e.g. `scripts/test.sh -- --nocapture`
 #
-# Installs what a fresh Debian machine lacks (clang, libclang-dev, curl, rustfmt, clippy).
+# Installs what a fresh Debian machine lacks (clang, libclang-dev, curl, chromium, rustfmt, clippy).
 # Everything builds with --release (the project's one cargo profile) into CARGO_TARGET_DIR,
 # by default ~/.cache/raftq/target, so the slow RocksDB C++ build happens once per machine.
 set -euo pipefail
@@ -28,6 +28,8 @@ step() {
 banner "setup"
 ensure_build_deps
 ensure_rust_components rustfmt clippy
+# The dashboard test loads the page in headless Chromium.
+ensure_apt_packages chromium fonts-dejavu-core
 info "cargo: $(cargo --version)"
 info "target dir: $CARGO_TARGET_DIR"
 if rocksdb_cold; then

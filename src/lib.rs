@@ -2,6 +2,7 @@
 //!
 //! # Layout
 //! - [`config`]: settings of `raftq serve` from flags, environment and TOML.
+//! - [`metrics`]: Prometheus metrics at `/metrics`.
 //! - [`node`]: one running node: storage, Raft, HTTP, cluster formation, graceful shutdown.
 //! - [`api`]: the public HTTP API (API.md), one module per endpoint family.
 //! - [`auth`]: API tokens (stored as hashes) and the actions they grant on topics.
@@ -20,6 +21,8 @@ pub mod auth;
 pub mod cli;
 pub mod codec;
 pub mod config;
+pub mod dashboard;
+pub mod metrics;
 pub mod node;
 pub mod proposer;
 pub mod raft;

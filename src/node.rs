@@ -269,6 +269,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
              on a crash. This binary exists only to prove the chaos suite detects loss."
         );
     }
+    crate::metrics::install();
     let datadir = DataDir::open(&settings.data, &settings.cluster_id, settings.id)?;
     let db = store::open_db_with(&datadir.db_path(), settings.write_buffer_bytes).with_context(|| {
         format!(
@@ -346,7 +347,11 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         ),
     }
 
-    let app = crate::api::router(node.clone()).merge(crate::raft::rpc::router(node.clone()));
+    let app = crate::api::router(node.clone())
+        .merge(crate::raft::rpc::router(node.clone()))
+        .merge(crate::metrics::router(node.clone()))
+        .merge(crate::dashboard::router())
+        .layer(axum::middleware::from_fn(crate::metrics::http_layer));
     let (server_stop_tx, mut server_stop_rx) = watch::channel(false);
     let stopped = async move {
         let _ = server_stop_rx.wait_for(|s| *s).await;
@@ -407,6 +412,9 @@ async fn log_changes(node: AppState) {
             let leader = (m.current_leader, term);
             if seen != Some(leader) {
                 let previous = seen.and_then(|(l, _)| l);
+                if m.current_leader.is_some() {
+                    metrics::counter!("raftq_leader_changes_total").increment(1);
+                }
                 match m.current_leader {
                     Some(id) => tracing::info!(
                         term,

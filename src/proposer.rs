@@ -328,6 +328,8 @@ async fn run(raft: Raft, mut rx: mpsc::Receiver<Pending>, limits: ProposerLimits
         }
         let (commands, replies): (Vec<_>, Vec<_>) =
             batch.into_iter().map(|p| (p.command, p.reply)).unzip();
+        metrics::histogram!("raftq_entry_commands").record(commands.len() as f64);
+        metrics::histogram!("raftq_entry_bytes").record(bytes as f64);
         let payload = LogPayload::V1(Batch {
             time_ms: now_ms(),
             commands,

@@ -44,7 +44,8 @@ pub struct LogStore {
 /// waits for the thread to end, so the thread's hold on the database ends before the drop
 /// returns: no thread is left closing RocksDB while the process exits.
 struct Flusher {
-    tx: Option<mpsc::Sender<IOFlushed<TypeConfig>>>,
+    /// Each append's callback, with when it was written.
+    tx: Option<mpsc::Sender<(IOFlushed<TypeConfig>, std::time::Instant)>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -60,14 +61,22 @@ impl Drop for Flusher {
 
 /// The flusher thread: waits for an append, takes every other append queued behind it, fsyncs
 /// the WAL once and reports all of them. It ends when the last `LogStore` clone is dropped.
-fn run_flusher(db: Arc<DB>, rx: mpsc::Receiver<IOFlushed<TypeConfig>>) {
+fn run_flusher(db: Arc<DB>, rx: mpsc::Receiver<(IOFlushed<TypeConfig>, std::time::Instant)>) {
+    let fsync_seconds = metrics::histogram!("raftq_log_fsync_seconds");
+    let append_seconds = metrics::histogram!("raftq_log_append_seconds");
+    let fsyncs = metrics::counter!("raftq_log_fsyncs_total");
     while let Ok(first) = rx.recv() {
         let mut waiting = vec![first];
         waiting.extend(rx.try_iter());
         // Syncs the WAL files up to everything written so far, which includes every append
         // in `waiting`: each was written before it was queued.
+        let started = std::time::Instant::now();
         let result = db.flush_wal(true).map_err(|e| e.to_string());
-        for callback in waiting {
+        let done = std::time::Instant::now();
+        fsync_seconds.record(done.duration_since(started).as_secs_f64());
+        fsyncs.increment(1);
+        for (callback, written) in waiting {
+            append_seconds.record(done.duration_since(written).as_secs_f64());
             callback.io_completed(result.clone().map_err(to_io));
         }
     }
@@ -257,6 +266,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
+        let written = std::time::Instant::now();
         let mut batch = WriteBatch::default();
         {
             let cf = self.cf(CF_LOG)?;
@@ -270,7 +280,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.flusher
             .tx
             .as_ref()
-            .and_then(|tx| tx.send(callback).ok())
+            .and_then(|tx| tx.send((callback, written)).ok())
             .ok_or_else(|| to_io("the log flusher thread has stopped"))
     }
 

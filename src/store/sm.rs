@@ -410,7 +410,7 @@ impl SmShared {
     }
 
     /// Builds a snapshot of the applied state durably and makes it the current one; blocking.
-    fn build_blocking(&self) -> StorageResult<(snapshot::FileMeta, PathBuf)> {
+    pub(crate) fn build_blocking(&self) -> StorageResult<(snapshot::FileMeta, PathBuf)> {
         let started = std::time::Instant::now();
         self.snapshot_mark.store(
             self.applied_bytes.load(Ordering::Relaxed),
@@ -435,6 +435,7 @@ impl SmShared {
             elapsed_ms = started.elapsed().as_millis() as u64,
             "snapshot built"
         );
+        metrics::histogram!("raftq_snapshot_build_seconds").record(started.elapsed().as_secs_f64());
         Ok((meta, path))
     }
 
@@ -462,6 +463,8 @@ impl SmShared {
             elapsed_ms = started.elapsed().as_millis() as u64,
             "snapshot installed"
         );
+        metrics::histogram!("raftq_snapshot_install_seconds")
+            .record(started.elapsed().as_secs_f64());
         super::faults::point(super::faults::INSTALL_LOADED).map_err(fault)?;
         let mut cur = self
             .current_snapshot
