@@ -11,6 +11,7 @@
 //! when every record was committed, 1 when any failed or has an unknown outcome, and 130 when
 //! interrupted.
 
+pub mod backup;
 pub mod bench;
 pub mod cluster;
 pub mod health;

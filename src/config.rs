@@ -700,4 +700,49 @@ mod tests {
         a.tls_ca = Some(garbage);
         assert!(a.resolve().is_err());
     }
+
+    /// The operations guide's configuration reference names every flag of `raftq serve` with
+    /// its environment variable, so a new setting cannot go undocumented.
+    #[test]
+    fn every_setting_is_in_the_configuration_reference() {
+        use clap::Args as _;
+        let guide = include_str!("../docs/operations.md");
+        let start = guide
+            .find("## Configuration reference")
+            .expect("the guide has a configuration reference");
+        let reference = &guide[start..];
+        let cmd = ServeArgs::augment_args(clap::Command::new("serve"));
+        let mut checked = 0;
+        for arg in cmd.get_arguments() {
+            let Some(long) = arg.get_long() else { continue };
+            if long == "help" {
+                continue;
+            }
+            let env = arg
+                .get_env()
+                .map(|e| e.to_string_lossy().into_owned())
+                .unwrap_or_else(|| panic!("--{long} has no RAFTQ_* variable"));
+            let row = reference
+                .lines()
+                .find(|l| l.starts_with(&format!("| `--{long}")))
+                .unwrap_or_else(|| panic!("--{long} is not in the configuration reference"));
+            assert!(
+                row.contains(&format!("`{env}`")),
+                "--{long}'s row lacks {env}: {row}"
+            );
+            checked += 1;
+        }
+        assert!(checked >= 20, "only {checked} flags found");
+        for key in [
+            "raft_body_limit",
+            "write_timeout_ms",
+            "RAFTQ_LOG_FORMAT",
+            "RAFTQ_LOG`",
+        ] {
+            assert!(
+                reference.contains(key),
+                "{key} is not in the configuration reference"
+            );
+        }
+    }
 }

@@ -10,7 +10,7 @@ use clap::{Parser, Subcommand};
 )]
 struct Cli {
     /// Log format: `human` or `json`.
-    #[arg(long, global = true, env = "RAFTQ_LOG_FORMAT", default_value = "human")]
+    #[arg(long, global = true, env = "RAFTQ_LOG_FORMAT", default_value = "human", value_parser = ["human", "json"])]
     log_format: String,
     #[command(subcommand)]
     command: Cmd,
@@ -40,6 +40,10 @@ enum Cmd {
     Topic(raftq::cli::topic::TopicArgs),
     /// Create, list, describe and delete the subscriptions of a topic.
     Sub(raftq::cli::sub::SubArgs),
+    /// Copy a node's newest snapshot to a backup file (safe beside a running node).
+    Backup(raftq::cli::backup::BackupArgs),
+    /// Make the data directory of a new cluster's node from a backup file.
+    Restore(raftq::cli::backup::RestoreArgs),
     /// Ask one node whether it is alive (or, with --ready, ready); exit 0 if so, 1 if not.
     Health(raftq::cli::health::HealthArgs),
 }
@@ -78,6 +82,8 @@ fn main() -> std::process::ExitCode {
         Cmd::Token(args) => return raftq::cli::token::token(args),
         Cmd::Topic(args) => return raftq::cli::topic::topic(args),
         Cmd::Sub(args) => return raftq::cli::sub::sub(args),
+        Cmd::Backup(args) => return raftq::cli::backup::backup(args),
+        Cmd::Restore(args) => return raftq::cli::backup::restore(args),
         Cmd::Health(args) => return raftq::cli::health::health(args),
     };
     match result {

@@ -11,6 +11,7 @@
 // openraft's `StorageError` is large, and it is the error type its storage traits require.
 #![allow(clippy::result_large_err)]
 
+pub mod backup;
 pub mod datadir;
 pub mod faults;
 pub mod log;
