@@ -291,6 +291,33 @@ fn to_api(offset: u64, r: StoredRecord) -> Record {
 
 /// With `subscription`: where the read starts. Without `from`, at the cursor; with `from`
 /// above the cursor, the cursor first moves forward to it (a write, through Raft).
+/// Whether this node's applied state has the topic (and the subscription, when named).
+fn exists(node: &AppState, topic: &str, sub: Option<&str>) -> bool {
+    let view = node.sm.view();
+    view.state.topics.contains_key(topic) && sub.is_none_or(|s| view.state.sub(topic, s).is_some())
+}
+
+/// Most a read waits for its node to apply what its log already holds before it answers that
+/// a topic or subscription does not exist: longer than an election, so a follower whose leader
+/// just died learns what the new leader commits.
+const CATCH_UP_WAIT: Duration = Duration::from_secs(3);
+
+/// A node may hold entries in its log whose commit it has not learned yet (a follower right
+/// after its leader died holds the creation of a topic that the client saw acknowledged).
+/// Before such a node says "does not exist", it waits, at most [`CATCH_UP_WAIT`], until it has
+/// applied its whole log as of now.
+async fn catch_up(node: &AppState) {
+    use openraft::async_runtime::watch::WatchReceiver as _;
+    let target = node
+        .raft
+        .metrics()
+        .borrow_watched()
+        .last_log_index
+        .unwrap_or(0);
+    let mut applied = node.sm.subscribe_applied();
+    let _ = tokio::time::timeout(CATCH_UP_WAIT, applied.wait_for(|a| *a >= target)).await;
+}
+
 async fn subscription_start(
     node: &AppState,
     uri: &Uri,
@@ -345,6 +372,9 @@ pub async fn read(
     uri: Uri,
 ) -> Result<Json<ReadResponse>, ApiError> {
     let p = read_params(&raw)?;
+    if !exists(&node, &topic, p.subscription.as_deref()) {
+        catch_up(&node).await;
+    }
     let deadline = tokio::time::Instant::now() + p.wait;
     let mut applied = node.sm.subscribe_applied();
     let mut shutdown = node.shutdown_rx();

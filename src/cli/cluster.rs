@@ -68,7 +68,33 @@ async fn run(args: ClusterArgs) -> Result<(), Failure> {
         ClusterCmd::Status { json: true } => json_text(&client.cluster().await?)?,
         ClusterCmd::Status { json: false } => status_table(&client.cluster().await?),
         ClusterCmd::Add { id, url } => {
-            let status = client.add_node(id, &url).await?;
+            // Catching up can take long (a snapshot of the whole state, then the log): show
+            // how far the new node has got every two seconds meanwhile, on stderr.
+            let add = client.add_node(id, &url);
+            tokio::pin!(add);
+            let mut tick = tokio::time::interval(std::time::Duration::from_secs(2));
+            tick.tick().await;
+            let status = loop {
+                tokio::select! {
+                    result = &mut add => break result?,
+                    _ = tick.tick() => {
+                        if let Ok(now) = client.cluster().await {
+                            let matched = now
+                                .members
+                                .iter()
+                                .find(|m| m.id == id)
+                                .and_then(|m| m.matched_index);
+                            match matched {
+                                Some(m) => eprintln!(
+                                    "node {id}: replicated up to log index {m} of {}",
+                                    now.commit_index
+                                ),
+                                None => eprintln!("node {id}: waiting for it to answer"),
+                            }
+                        }
+                    }
+                }
+            };
             format!(
                 "node {id} is a learner and has caught up\n{}",
                 status_table(&status)
