@@ -424,6 +424,13 @@ async fn the_description_is_public_complete_and_matches_real_answers() {
         .await;
     api.call(post.clone(), "/v1/cluster/transfer-leader", None, 400)
         .await;
+    // A node id that is not a number, or not even UTF-8, is a problem like any other.
+    api.call(delete.clone(), "/v1/cluster/nodes/abc", None, 400)
+        .await;
+    api.call(delete.clone(), "/v1/cluster/nodes/%FF", None, 400)
+        .await;
+    api.call(delete.clone(), "/v1/cluster/nodes/7", None, 404)
+        .await;
 
     api.call(delete.clone(), sub, None, 204).await;
     api.call(delete.clone(), scratch, None, 204).await;

@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::extract::{Path, RawQuery, State};
 use axum::http::Uri;
 use axum::Json;
@@ -241,9 +241,13 @@ pub async fn set_voters(
 )]
 pub async fn remove_node(
     State(node): State<AppState>,
-    Path(id): Path<String>,
+    path: Result<Path<String>, PathRejection>,
     uri: Uri,
 ) -> Result<Json<ClusterStatus>, ApiError> {
+    // A segment that does not decode (not UTF-8) is a problem like any other bad id, not
+    // axum's plain-text rejection.
+    let Path(id) =
+        path.map_err(|e| ApiError::invalid(format!("invalid node id in path: {}", e.body_text())))?;
     let id: NodeId = id
         .parse()
         .map_err(|_| ApiError::invalid(format!("node id {id:?} is not a positive integer")))?;
