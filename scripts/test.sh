@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs every check the project has, as CI does: formatting, lints, the test suite, then a
-# bounded subset of the chaos suite.
+# Runs every check the project has, as CI does: formatting, lints, the test suite, a bounded
+# fuzzing of the API against its OpenAPI description, then a bounded subset of the chaos suite.
 #
 #   scripts/test.sh [ARGS...]     ARGS go to `cargo test`, e.g. `scripts/test.sh -- --nocapture`
 #
@@ -42,6 +42,9 @@ step "cargo clippy --release --workspace --all-targets -- -D warnings" \
     cargo clippy --release --workspace --all-targets -- -D warnings
 step "cargo test --release --workspace $*" \
     cargo test --release --workspace "$@"
+# The API against its own OpenAPI description: one node, Schemathesis, a bounded run.
+step "API fuzzing: Schemathesis against /v1/openapi.json on one node" \
+    scripts/api-fuzz.sh
 # The chaos subset: a three-node cluster in network namespaces (root, or sudo), each fault
 # judged by the queue checker. RAFTQ_SKIP_CHAOS=1 skips it on a machine without namespaces;
 # CI always runs it.

@@ -15,6 +15,9 @@
 //! grants = ["publish:orders.*"]
 //! ```
 //!
+//! The API's description (`GET /v1/openapi.json`) is public: it needs no token, and grants
+//! nothing.
+//!
 //! With no tokens file the API is open (and the node says so loudly at start-up). The cluster
 //! secret, which opens the node-to-node Raft endpoints, is never a valid API token, and no API
 //! token opens those endpoints.
@@ -263,6 +266,8 @@ pub enum Access {
     /// No tokens are configured: everything is allowed.
     Open,
     Token(Arc<TokenEntry>),
+    /// A public endpoint ([`is_public_route`]), served without a token: nothing is granted.
+    Public,
 }
 
 impl Access {
@@ -270,6 +275,7 @@ impl Access {
         match self {
             Access::Open => true,
             Access::Token(t) => t.grants.iter().any(|g| g.covers(action, topic)),
+            Access::Public => false,
         }
     }
 
@@ -281,6 +287,7 @@ impl Access {
                 .grants
                 .iter()
                 .any(|g| g.pattern == "*" && (g.action == action || g.action == Action::Admin)),
+            Access::Public => false,
         }
     }
 
@@ -289,6 +296,7 @@ impl Access {
         match self {
             Access::Open => true,
             Access::Token(t) => t.grants.iter().any(|g| glob_match(&g.pattern, topic)),
+            Access::Public => false,
         }
     }
 
@@ -322,7 +330,7 @@ impl Access {
 
     fn forbidden(&self, what: String) -> ApiError {
         let name = match self {
-            Access::Open => "",
+            Access::Open | Access::Public => "",
             Access::Token(t) => &t.name,
         };
         ApiError::forbidden(format!("token {name:?} is not granted {what}"))
@@ -392,6 +400,15 @@ fn need(method: &Method, route: &str, path: &str) -> Result<Need, ApiError> {
     })
 }
 
+/// The `/v1` routes that need no token: the API's description, which tells nothing about the
+/// data. The Authorization header is not looked at there.
+const PUBLIC_ROUTES: &[&str] = &["/v1/openapi.json"];
+
+/// Whether the `/v1` route pattern `route` is served without a token.
+pub fn is_public_route(route: &str) -> bool {
+    PUBLIC_ROUTES.contains(&route)
+}
+
 /// Authenticates a `/v1` request and checks what its endpoint needs. `route` is the matched
 /// route pattern (`None` for an unknown path, which any valid token may get a 404 for).
 pub fn authorize(
@@ -404,6 +421,9 @@ pub fn authorize(
 ) -> Result<Access, ApiError> {
     if tokens.is_empty() {
         return Ok(Access::Open);
+    }
+    if route.is_some_and(is_public_route) {
+        return Ok(Access::Public);
     }
     let bearer = headers
         .get(header::AUTHORIZATION)
@@ -636,6 +656,28 @@ mod tests {
             ),
             Ok(Access::Open)
         ));
+    }
+
+    #[test]
+    fn the_description_is_public_and_grants_nothing() {
+        let route = "/v1/openapi.json";
+        for token in [None, Some("nope"), Some(SECRET), Some("r-token")] {
+            let access = check(token, Method::GET, route, route)
+                .unwrap_or_else(|status| panic!("{token:?}: {status}"));
+            assert!(matches!(access, Access::Public), "{token:?}");
+            assert!(!access.sees("orders.eu"));
+            assert!(!access.allows(Action::Consume, "orders.eu"));
+            assert!(!access.allows_all(Action::Admin));
+        }
+        // Only that route: the cluster secret still opens nothing else.
+        assert_eq!(
+            check(Some(SECRET), Method::GET, "/v1/topics", "/v1/topics").unwrap_err(),
+            401
+        );
+        assert_eq!(
+            check(None, Method::GET, "/v1/topics", "/v1/openapi.json/x").unwrap_err(),
+            401
+        );
     }
 
     #[test]

@@ -24,6 +24,9 @@ pub const MAX_READ_RECORDS: u64 = 10_000;
 /// Longest long-poll a read may ask for.
 pub const MAX_WAIT_MS: u64 = 30_000;
 
+/// The rule of [`is_valid_name`] as a regular expression (ECMA-262, as OpenAPI schemas use).
+pub const NAME_PATTERN: &str = "^[A-Za-z0-9._-]{1,128}$";
+
 /// True when `name` is a valid topic or subscription name: `[A-Za-z0-9._-]{1,128}`.
 pub fn is_valid_name(name: &str) -> bool {
     !name.is_empty()
@@ -35,14 +38,21 @@ pub fn is_valid_name(name: &str) -> bool {
 
 /// A record as a producer sends it: exactly one of `value` (UTF-8 text) or `value_b64`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct RecordIn {
+    /// The value as UTF-8 text. Exactly one of `value` and `value_b64`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub value: Option<String>,
+    /// The value as standard base64, for binary values. Exactly one of `value` and `value_b64`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(format = Byte, content_encoding = "base64"))]
     pub value_b64: Option<String>,
+    /// At most 4,096 bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(max_length = 4096))]
     pub key: Option<String>,
+    /// At most 128 headers; names are 1 to 256 bytes.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub headers: BTreeMap<String, String>,
 }
@@ -80,17 +90,23 @@ impl RecordIn {
 
 /// Body of `POST /v1/topics/{topic}/records`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct PublishRequest {
+    #[cfg_attr(feature = "openapi", schema(min_items = 1, max_items = 10000))]
     pub records: Vec<RecordIn>,
+    /// With `sequence`, makes the batch idempotent: a name like a topic's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(pattern = "^[A-Za-z0-9._-]{1,128}$"))]
     pub producer_id: Option<String>,
+    /// The producer's batch number on this topic (0, 1, 2, ...); only with `producer_id`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sequence: Option<u64>,
 }
 
 /// The last applied log entry and its leader timestamp: everything up to it is durable.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CommitPoint {
     pub index: u64,
     pub timestamp_ms: u64,
@@ -98,6 +114,7 @@ pub struct CommitPoint {
 
 /// Answer to a publish.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PublishResponse {
     pub first_offset: u64,
     pub last_offset: u64,
@@ -107,16 +124,21 @@ pub struct PublishResponse {
 
 /// A record as returned by a read: `value` when the bytes are UTF-8, `value_b64` otherwise.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Record {
     pub offset: u64,
     pub timestamp_ms: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
     #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub headers: BTreeMap<String, String>,
+    /// The value, when it is UTF-8 text.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub value: Option<String>,
+    /// The value as standard base64, when it is not UTF-8 text (instead of `value`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(format = Byte, content_encoding = "base64"))]
     pub value_b64: Option<String>,
 }
 
@@ -141,6 +163,7 @@ impl Record {
 
 /// Answer to `GET /v1/topics/{topic}/records`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ReadResponse {
     pub records: Vec<Record>,
     pub next_offset: u64,
@@ -189,16 +212,20 @@ impl std::str::FromStr for ReadFrom {
 /// Retention limits of a topic: records are removed from the front of the topic while any
 /// limit is exceeded (each is optional; none means keep everything).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Retention {
     /// Remove records at least this old (by their leader timestamp).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
     pub max_age_ms: Option<u64>,
     /// Keep the stored bytes (values, keys and headers) at or below this.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
     pub max_bytes: Option<u64>,
     /// Keep at most this many records.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
     pub max_records: Option<u64>,
     /// Work queue: remove records below the cursor of every subscription (a topic without
     /// subscriptions keeps its records).
@@ -208,16 +235,20 @@ pub struct Retention {
 
 /// Body of `PUT /v1/topics/{topic}`; all fields optional.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct TopicConfig {
     #[serde(default)]
     pub retention: Retention,
+    /// The largest record the topic accepts, in bytes (value, key and headers; default 1 MiB).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 16777216))]
     pub max_record_bytes: Option<u64>,
 }
 
 /// One topic in `GET /v1/topics`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TopicSummary {
     pub name: String,
     pub first_offset: u64,
@@ -229,12 +260,14 @@ pub struct TopicSummary {
 
 /// Answer to `GET /v1/topics`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TopicList {
     pub topics: Vec<TopicSummary>,
 }
 
 /// Answer to `GET /v1/topics/{topic}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TopicInfo {
     #[serde(flatten)]
     pub summary: TopicSummary,
@@ -244,16 +277,19 @@ pub struct TopicInfo {
 
 /// One member in `GET /v1/cluster`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ClusterMember {
     pub id: u64,
     pub url: String,
     pub voter: bool,
     /// Last log index known to be replicated to this member (known on the leader only).
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub matched_index: Option<u64>,
 }
 
 /// The latest snapshot of a node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SnapshotInfo {
     pub index: u64,
     pub bytes: u64,
@@ -261,14 +297,20 @@ pub struct SnapshotInfo {
 
 /// Answer to `GET /v1/cluster`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ClusterStatus {
     pub node_id: u64,
+    /// `null` while no leader is known.
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub leader_id: Option<u64>,
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub leader_url: Option<String>,
     pub term: u64,
     pub commit_index: u64,
     pub last_applied: u64,
     pub members: Vec<ClusterMember>,
+    /// This node's latest snapshot; `null` before its first.
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub snapshot: Option<SnapshotInfo>,
     /// With `?digest=true`: a digest of this node's whole state machine as of an index.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -278,6 +320,7 @@ pub struct ClusterStatus {
 /// A digest of a node's state machine: nodes that applied the same `index` have the same
 /// `digest`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct StateDigest {
     pub index: u64,
     pub digest: String,
@@ -285,22 +328,30 @@ pub struct StateDigest {
 
 /// Body of `POST /v1/cluster/nodes`: add a node as a learner.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct AddNodeRequest {
+    /// The new node's id: never 0, never the id of a node removed before.
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
     pub id: u64,
+    /// Its base URL, like `http://HOST:PORT`.
     pub url: String,
 }
 
 /// Body of `POST /v1/cluster/voters`: the complete set of voters from now on.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct SetVotersRequest {
+    /// Members' ids, each once.
+    #[cfg_attr(feature = "openapi", schema(min_items = 1))]
     pub ids: Vec<u64>,
 }
 
 /// Body of `POST /v1/cluster/transfer-leader`: the voter to lead (omitted: the most
 /// up-to-date follower).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct TransferLeaderRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -309,12 +360,14 @@ pub struct TransferLeaderRequest {
 
 /// Answer to `POST /v1/cluster/transfer-leader`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TransferLeaderResponse {
     pub leader_id: u64,
 }
 
 /// Answer to `POST /v1/cluster/snapshot`: the snapshot the answering node now has.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SnapshotTaken {
     pub node_id: u64,
     pub snapshot: SnapshotInfo,
@@ -353,6 +406,37 @@ impl Serialize for SubscriptionStart {
     }
 }
 
+/// `"first"`, `"next"` or an offset, as the (de)serializers above read and write it.
+#[cfg(feature = "openapi")]
+impl utoipa::PartialSchema for SubscriptionStart {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{
+            KnownFormat, ObjectBuilder, OneOfBuilder, SchemaFormat, Type,
+        };
+        OneOfBuilder::new()
+            .item(
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .enum_values(Some(["first", "next"])),
+            )
+            .item(
+                ObjectBuilder::new()
+                    .schema_type(Type::Integer)
+                    .format(Some(SchemaFormat::KnownFormat(KnownFormat::Int64)))
+                    .minimum(Some(0)),
+            )
+            .description(Some(
+                "Where a new subscription's cursor starts: `first` (the topic's first retained \
+                 record, the default), `next` (only records published from now on) or an offset",
+            ))
+            .default(Some(serde_json::json!("first")))
+            .into()
+    }
+}
+
+#[cfg(feature = "openapi")]
+impl utoipa::ToSchema for SubscriptionStart {}
+
 impl<'de> Deserialize<'de> for SubscriptionStart {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         #[derive(Deserialize)]
@@ -374,12 +458,14 @@ impl<'de> Deserialize<'de> for SubscriptionStart {
 
 /// Body of `PUT /v1/topics/{topic}/subscriptions/{sub}`; all fields optional.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct SubscriptionConfig {
     #[serde(default)]
     pub start: SubscriptionStart,
-    /// Lease length for pulls that do not name one (default 30,000 ms).
+    /// Lease length for pulls that do not name one (default 30,000 ms, at most 12 hours).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 43200000))]
     pub ack_timeout_ms: Option<u64>,
     /// Deliveries after which a record that is still not acked is dead-lettered
     /// (default: no limit).
@@ -387,11 +473,13 @@ pub struct SubscriptionConfig {
     pub max_deliveries: Option<u32>,
     /// Where dead letters go; without one they are discarded and counted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(pattern = "^[A-Za-z0-9._-]{1,128}$"))]
     pub dead_letter_topic: Option<String>,
 }
 
 /// Answer to `GET .../subscriptions/{sub}` (and to its `PUT`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SubscriptionInfo {
     pub topic: String,
     pub name: String,
@@ -413,20 +501,30 @@ pub struct SubscriptionInfo {
 
 /// Body of `POST .../pull`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct PullRequest {
+    /// Most records to lease (default 10).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 1000))]
     pub max: Option<u32>,
+    /// Long-poll: wait this long for a record to lease (default 0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(maximum = 30000))]
     pub wait_ms: Option<u64>,
+    /// Lease length (default: the subscription's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 43200000))]
     pub ack_timeout_ms: Option<u64>,
+    /// The consumer's name, for logs (at most 128 bytes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(max_length = 128))]
     pub consumer: Option<String>,
 }
 
 /// One leased record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Message {
     /// Names this delivery; ack, nack and extend take it.
     pub receipt: String,
@@ -437,10 +535,14 @@ pub struct Message {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
     #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub headers: BTreeMap<String, String>,
+    /// The value, when it is UTF-8 text.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub value: Option<String>,
+    /// The value as standard base64, when it is not UTF-8 text (instead of `value`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(format = Byte, content_encoding = "base64"))]
     pub value_b64: Option<String>,
 }
 
@@ -453,23 +555,30 @@ impl Message {
 
 /// Answer to `POST .../pull`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PullResponse {
     pub messages: Vec<Message>,
 }
 
 /// Body of `POST .../ack`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct AckRequest {
+    #[cfg_attr(feature = "openapi", schema(min_items = 1, max_items = 10000))]
     pub receipts: Vec<String>,
 }
 
 /// Body of `POST .../nack`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct NackRequest {
+    #[cfg_attr(feature = "openapi", schema(min_items = 1, max_items = 10000))]
     pub receipts: Vec<String>,
+    /// Make the record available again after this long (at most 12 hours).
     #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(maximum = 43200000))]
     pub delay_ms: u64,
     #[serde(default)]
     pub dead_letter: bool,
@@ -477,15 +586,20 @@ pub struct NackRequest {
 
 /// Body of `POST .../extend`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ExtendRequest {
+    #[cfg_attr(feature = "openapi", schema(min_items = 1, max_items = 10000))]
     pub receipts: Vec<String>,
+    /// The new lease length from now (default: the subscription's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 43200000))]
     pub ack_timeout_ms: Option<u64>,
 }
 
 /// What happened to one receipt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum ReceiptStatus {
     Acked,
@@ -499,6 +613,7 @@ pub enum ReceiptStatus {
 
 /// One receipt's result.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ReceiptResult {
     pub receipt: String,
     pub status: ReceiptStatus,
@@ -509,12 +624,14 @@ pub struct ReceiptResult {
 
 /// Answer to ack, nack and extend.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ReceiptResults {
     pub results: Vec<ReceiptResult>,
 }
 
 /// Body of `PUT .../cursor`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct CursorRequest {
     pub offset: u64,
@@ -524,18 +641,21 @@ pub struct CursorRequest {
 
 /// Answer to `PUT .../cursor`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CursorResponse {
     pub cursor: u64,
 }
 
 /// Answer to `GET /v1/topics/{topic}/subscriptions`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SubscriptionList {
     pub subscriptions: Vec<SubscriptionInfo>,
 }
 
 /// Records discarded, by reason. Cumulative.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Discarded {
     /// Removed from the topic by its retention limits.
     pub retention: u64,
@@ -553,6 +673,7 @@ pub struct Discarded {
 /// in_flight`, where `dead_lettered` counts records moved to the dead-letter topic and records
 /// discarded by a consumer's refusal (`discarded.max_deliveries + discarded.rejected` of them).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SubscriptionReport {
     pub delivered: u64,
     pub acked: u64,
@@ -578,6 +699,7 @@ pub struct SubscriptionReport {
 ///
 /// Balance: `published == records + discarded.retention`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TopicReport {
     pub commit_point: CommitPoint,
     /// Records appended: published (not counting duplicates), dead letters moved in, and
@@ -594,6 +716,7 @@ pub struct TopicReport {
 
 /// Answer to `GET /v1/report`: every topic, as of one commit point.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Report {
     pub commit_point: CommitPoint,
     pub topics: BTreeMap<String, TopicReport>,
@@ -602,13 +725,20 @@ pub struct Report {
 /// Body of `POST /v1/broadcast`: one marker record for every named topic (all topics when
 /// `topics` is omitted).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct BroadcastRequest {
+    /// The topics to mark (at least one); omitted: every topic.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(min_items = 1))]
     pub topics: Option<Vec<String>>,
+    /// The marker's value as UTF-8 text (default empty); at most one of `value` and
+    /// `value_b64`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub value: Option<String>,
+    /// The marker's value as standard base64.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(format = Byte, content_encoding = "base64"))]
     pub value_b64: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
@@ -619,6 +749,7 @@ pub struct BroadcastRequest {
 /// Answer to `POST /v1/broadcast`: the commit point the markers carry, and each marker's
 /// offset.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct BroadcastResponse {
     pub commit_point: CommitPoint,
     pub offsets: BTreeMap<String, u64>,
@@ -652,6 +783,23 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
+    /// Every code API.md defines: all but [`ErrorCode::Unknown`], which only an SDK meets.
+    pub const DOCUMENTED: [ErrorCode; 13] = [
+        ErrorCode::InvalidArgument,
+        ErrorCode::Unauthorized,
+        ErrorCode::Forbidden,
+        ErrorCode::TopicNotFound,
+        ErrorCode::SubscriptionNotFound,
+        ErrorCode::AlreadyExists,
+        ErrorCode::PayloadTooLarge,
+        ErrorCode::NotLeader,
+        ErrorCode::NoLeader,
+        ErrorCode::ShuttingDown,
+        ErrorCode::SequenceGap,
+        ErrorCode::Overloaded,
+        ErrorCode::Internal,
+    ];
+
     /// The code as it appears in a problem body.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -709,6 +857,24 @@ impl ErrorCode {
     }
 }
 
+/// A problem's `code`: one of [`ErrorCode::DOCUMENTED`] (a server never answers `unknown`).
+#[cfg(feature = "openapi")]
+impl utoipa::PartialSchema for ErrorCode {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ObjectBuilder, Type};
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .enum_values(Some(ErrorCode::DOCUMENTED.iter().map(|c| c.as_str())))
+            .description(Some(
+                "The stable, machine-readable error code (API.md lists each with its status)",
+            ))
+            .into()
+    }
+}
+
+#[cfg(feature = "openapi")]
+impl utoipa::ToSchema for ErrorCode {}
+
 impl fmt::Display for ErrorCode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
@@ -717,6 +883,7 @@ impl fmt::Display for ErrorCode {
 
 /// An RFC 9457 problem body, as every error of the API is answered.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Problem {
     #[serde(rename = "type")]
     pub type_: String,
@@ -770,6 +937,48 @@ mod tests {
         assert!(!is_valid_name("a/b"));
         assert!(!is_valid_name("é"));
         assert!(!is_valid_name("a b"));
+    }
+
+    #[test]
+    fn documented_codes_are_every_code_but_unknown() {
+        // A new variant fails to compile here until it is sorted in or out of DOCUMENTED.
+        let documented = |code: ErrorCode| match code {
+            ErrorCode::InvalidArgument
+            | ErrorCode::Unauthorized
+            | ErrorCode::Forbidden
+            | ErrorCode::TopicNotFound
+            | ErrorCode::SubscriptionNotFound
+            | ErrorCode::AlreadyExists
+            | ErrorCode::PayloadTooLarge
+            | ErrorCode::NotLeader
+            | ErrorCode::NoLeader
+            | ErrorCode::ShuttingDown
+            | ErrorCode::SequenceGap
+            | ErrorCode::Overloaded
+            | ErrorCode::Internal => true,
+            ErrorCode::Unknown => false,
+        };
+        assert!(ErrorCode::DOCUMENTED.iter().all(|c| documented(*c)));
+        let mut names: Vec<&str> = ErrorCode::DOCUMENTED.iter().map(|c| c.as_str()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(
+            names.len(),
+            ErrorCode::DOCUMENTED.len(),
+            "a code is listed twice"
+        );
+        for code in ErrorCode::DOCUMENTED {
+            let json = serde_json::to_string(&code).unwrap();
+            assert_eq!(json, format!("\"{}\"", code.as_str()));
+        }
+    }
+
+    #[test]
+    fn name_pattern_says_what_is_valid_name_checks() {
+        assert_eq!(
+            NAME_PATTERN,
+            format!("^[A-Za-z0-9._-]{{1,{MAX_NAME_LEN}}}$")
+        );
     }
 
     #[test]

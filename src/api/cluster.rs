@@ -8,11 +8,37 @@ use std::time::{Duration, Instant};
 use axum::extract::{RawQuery, State};
 use axum::Json;
 use raftq_client::api::{ClusterMember, ClusterStatus, SnapshotInfo, SnapshotTaken, StateDigest};
-use serde_json::{json, Value};
+use serde::Serialize;
 
 use super::error::ApiError;
+use super::openapi::responses::*;
 use crate::node::AppState;
 
+/// The query of `GET /v1/cluster`, as [`status`] parses it.
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(dead_code)] // described, not built: `status` parses the raw query
+pub struct StatusQuery {
+    /// Also digest this node's whole state machine (`state_digest`), to compare nodes.
+    digest: Option<bool>,
+}
+
+/// Cluster status
+///
+/// This node's view: the leader, the term, the log's progress, the members and the latest
+/// snapshot.
+#[utoipa::path(
+    get,
+    path = "/v1/cluster",
+    operation_id = "cluster_status",
+    tag = "cluster",
+    params(StatusQuery),
+    responses(
+        (status = 200, description = "This node's view of the cluster", body = ClusterStatus),
+        InvalidArgument, Unauthorized, Overloaded, Internal, Unavailable,
+    ),
+    security(("bearer" = [])),
+)]
 pub async fn status(
     State(node): State<AppState>,
     RawQuery(query): RawQuery,
@@ -77,9 +103,21 @@ pub async fn status(
     }))
 }
 
-/// `POST /v1/cluster/snapshot`: builds a snapshot on the answering node (snapshots are per
-/// node; this is not redirected to the leader) of everything it has applied, and answers once
-/// it is durable and the log before it may be purged.
+/// Build a snapshot now
+///
+/// On the answering node (snapshots are per node; this is not redirected to the leader), of
+/// everything it has applied; answers once it is durable and the log before it may be purged.
+#[utoipa::path(
+    post,
+    path = "/v1/cluster/snapshot",
+    operation_id = "snapshot",
+    tag = "cluster",
+    responses(
+        (status = 200, description = "The snapshot this node now has", body = SnapshotTaken),
+        Unauthorized, Forbidden, Overloaded, Internal, UnavailableOrUnfinished,
+    ),
+    security(("bearer" = [])),
+)]
 pub async fn snapshot(State(node): State<AppState>) -> Result<Json<SnapshotTaken>, ApiError> {
     let applied = node.sm.view().commit_point.index;
     node.raft
@@ -107,14 +145,57 @@ pub async fn snapshot(State(node): State<AppState>) -> Result<Json<SnapshotTaken
     }
 }
 
-/// The process is alive and answering.
-pub async fn healthz() -> Json<Value> {
-    Json(json!({ "status": "ok" }))
+/// Answer of `GET /healthz`.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct Health {
+    /// Always `ok`.
+    #[schema(example = "ok")]
+    pub status: String,
 }
 
+/// Answer of `GET /readyz`.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct Readiness {
+    /// Always `ready`.
+    #[schema(example = "ready")]
+    pub status: String,
+    /// The leader this node follows (or itself).
+    pub leader_id: u64,
+    /// The last log index this node applied.
+    pub last_applied: u64,
+}
+
+/// Liveness probe
+///
+/// The process is alive and answering. Needs no token.
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    operation_id = "healthz",
+    tag = "cluster",
+    responses((status = 200, description = "Alive", body = Health)),
+)]
+pub async fn healthz() -> Json<Health> {
+    Json(Health {
+        status: "ok".into(),
+    })
+}
+
+/// Readiness probe
+///
 /// Ready to serve: a leader is known and this node has applied everything it knows to be
-/// committed.
-pub async fn readyz(State(node): State<AppState>) -> Result<Json<Value>, ApiError> {
+/// committed. Needs no token.
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    operation_id = "readyz",
+    tag = "cluster",
+    responses(
+        (status = 200, description = "Ready", body = Readiness),
+        UnavailableOrUnfinished,
+    ),
+)]
+pub async fn readyz(State(node): State<AppState>) -> Result<Json<Readiness>, ApiError> {
     if node.is_shutting_down() {
         return Err(ApiError::shutting_down(None));
     }
@@ -133,7 +214,9 @@ pub async fn readyz(State(node): State<AppState>) -> Result<Json<Value>, ApiErro
         ))
         .with_status(503));
     }
-    Ok(Json(
-        json!({ "status": "ready", "leader_id": leader, "last_applied": applied }),
-    ))
+    Ok(Json(Readiness {
+        status: "ready".into(),
+        leader_id: leader,
+        last_applied: applied,
+    }))
 }

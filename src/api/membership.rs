@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::extract::{Path, RawQuery, State};
 use axum::http::Uri;
 use axum::Json;
@@ -23,6 +23,7 @@ use raftq_client::api::{
 };
 
 use super::error::ApiError;
+use super::openapi::responses::*;
 use super::parse_json;
 use crate::node::AppState;
 use crate::raft::{NodeId, TypeConfig};
@@ -82,6 +83,23 @@ fn check_url(url: &str) -> Result<String, ApiError> {
     Ok(url.to_string())
 }
 
+/// Add a node as a learner
+///
+/// Answers once the learner has caught up with the leader's log; then make it a voter with
+/// `POST /v1/cluster/voters`. Leader only.
+#[utoipa::path(
+    post,
+    path = "/v1/cluster/nodes",
+    operation_id = "add_node",
+    tag = "cluster",
+    request_body = AddNodeRequest,
+    responses(
+        (status = 200, description = "The cluster with the new learner", body = ClusterStatus),
+        NotLeader, InvalidArgument, Unauthorized, Forbidden, MembershipConflict, PayloadTooLarge,
+        Overloaded, Internal, Unavailable, Indeterminate,
+    ),
+    security(("bearer" = [])),
+)]
 pub async fn add_node(
     State(node): State<AppState>,
     uri: Uri,
@@ -149,6 +167,23 @@ async fn wait_caught_up(node: &AppState, id: NodeId) -> Result<(), ApiError> {
     }
 }
 
+/// Set the voters
+///
+/// The complete set of voters from now on, through a joint configuration; voters that leave
+/// stay as learners. Leader only.
+#[utoipa::path(
+    post,
+    path = "/v1/cluster/voters",
+    operation_id = "set_voters",
+    tag = "cluster",
+    request_body = SetVotersRequest,
+    responses(
+        (status = 200, description = "The cluster with its new voters", body = ClusterStatus),
+        NotLeader, InvalidArgument, Unauthorized, Forbidden, MembershipConflict, PayloadTooLarge,
+        Overloaded, Internal, Unavailable, Indeterminate,
+    ),
+    security(("bearer" = [])),
+)]
 pub async fn set_voters(
     State(node): State<AppState>,
     uri: Uri,
@@ -188,11 +223,31 @@ pub async fn set_voters(
     status(&node).await
 }
 
+/// Remove a node
+///
+/// Its id is never accepted again. Leader only.
+#[utoipa::path(
+    delete,
+    path = "/v1/cluster/nodes/{id}",
+    operation_id = "remove_node",
+    tag = "cluster",
+    params(("id" = u64, Path, description = "The node's id", minimum = 1)),
+    responses(
+        (status = 200, description = "The cluster without the node", body = ClusterStatus),
+        NotLeader, InvalidArgument, Unauthorized, Forbidden, MemberNotFound, MembershipConflict,
+        Overloaded, Internal, Unavailable, Indeterminate,
+    ),
+    security(("bearer" = [])),
+)]
 pub async fn remove_node(
     State(node): State<AppState>,
-    Path(id): Path<String>,
+    path: Result<Path<String>, PathRejection>,
     uri: Uri,
 ) -> Result<Json<ClusterStatus>, ApiError> {
+    // A segment that does not decode (not UTF-8) is a problem like any other bad id, not
+    // axum's plain-text rejection.
+    let Path(id) =
+        path.map_err(|e| ApiError::invalid(format!("invalid node id in path: {}", e.body_text())))?;
     let id: NodeId = id
         .parse()
         .map_err(|_| ApiError::invalid(format!("node id {id:?} is not a positive integer")))?;
@@ -222,6 +277,24 @@ pub async fn remove_node(
     status(&node).await
 }
 
+/// Transfer leadership
+///
+/// To voter `to`, or (omitted) to the most up-to-date follower. Writes pause meanwhile
+/// (answered 503 `no_leader`, never applied). Leader only.
+#[utoipa::path(
+    post,
+    path = "/v1/cluster/transfer-leader",
+    operation_id = "transfer_leader",
+    tag = "cluster",
+    request_body(content = Option<TransferLeaderRequest>, content_type = "application/json",
+        description = "Optional, and so is the body"),
+    responses(
+        (status = 200, description = "The new leader", body = TransferLeaderResponse),
+        NotLeader, InvalidArgument, Unauthorized, Forbidden, PayloadTooLarge, Overloaded,
+        UnavailableOrUnfinished,
+    ),
+    security(("bearer" = [])),
+)]
 pub async fn transfer_leader(
     State(node): State<AppState>,
     uri: Uri,

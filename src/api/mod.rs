@@ -1,9 +1,15 @@
 //! The public HTTP API of API.md: routing, the shutdown gate, and one module per family.
+//!
+//! Each handler carries its own OpenAPI description (`#[utoipa::path]`: parameters, body,
+//! every answer with its status and problem codes), and [`operations`] registers handler and
+//! description together; [`openapi`] assembles them into the document served at
+//! `GET /v1/openapi.json`.
 
 pub mod cluster;
 pub mod error;
 pub mod limits;
 pub mod membership;
+pub mod openapi;
 pub mod records;
 pub mod reports;
 pub mod subscriptions;
@@ -12,64 +18,53 @@ pub mod topics;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post, put};
 use axum::Router;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use self::error::ApiError;
 pub use crate::auth::Access;
 use crate::node::AppState;
 
+/// Every operation of the API, each registered together with its description (its
+/// `#[utoipa::path]`), so that what is routed and what [`openapi::document`] describes are one
+/// list: the `/v1` operations, and the probes outside `/v1`.
+pub(crate) fn operations() -> (OpenApiRouter<AppState>, OpenApiRouter<AppState>) {
+    let v1 = OpenApiRouter::default()
+        .routes(routes!(topics::list))
+        .routes(routes!(topics::create, topics::get, topics::delete))
+        .routes(routes!(records::read, records::publish))
+        .routes(routes!(reports::topic))
+        .routes(routes!(reports::all))
+        .routes(routes!(reports::broadcast))
+        .routes(routes!(subscriptions::list))
+        .routes(routes!(
+            subscriptions::create,
+            subscriptions::get,
+            subscriptions::delete
+        ))
+        .routes(routes!(subscriptions::pull))
+        .routes(routes!(subscriptions::ack))
+        .routes(routes!(subscriptions::nack))
+        .routes(routes!(subscriptions::extend))
+        .routes(routes!(subscriptions::cursor))
+        .routes(routes!(cluster::status))
+        .routes(routes!(cluster::snapshot))
+        .routes(routes!(membership::add_node))
+        .routes(routes!(membership::remove_node))
+        .routes(routes!(membership::set_voters))
+        .routes(routes!(membership::transfer_leader))
+        .routes(routes!(openapi::description));
+    let probes = OpenApiRouter::default()
+        .routes(routes!(cluster::healthz))
+        .routes(routes!(cluster::readyz));
+    (v1, probes)
+}
+
 pub fn router(state: AppState) -> Router {
     let body_limit = state.settings.max_body_bytes;
-    let v1 = Router::new()
-        .route("/v1/topics", get(topics::list))
-        .route(
-            "/v1/topics/{topic}",
-            put(topics::create).get(topics::get).delete(topics::delete),
-        )
-        .route(
-            "/v1/topics/{topic}/records",
-            get(records::read).post(records::publish),
-        )
-        .route("/v1/topics/{topic}/report", get(reports::topic))
-        .route("/v1/report", get(reports::all))
-        .route("/v1/broadcast", post(reports::broadcast))
-        .route("/v1/topics/{topic}/subscriptions", get(subscriptions::list))
-        .route(
-            "/v1/topics/{topic}/subscriptions/{sub}",
-            put(subscriptions::create)
-                .get(subscriptions::get)
-                .delete(subscriptions::delete),
-        )
-        .route(
-            "/v1/topics/{topic}/subscriptions/{sub}/pull",
-            post(subscriptions::pull),
-        )
-        .route(
-            "/v1/topics/{topic}/subscriptions/{sub}/ack",
-            post(subscriptions::ack),
-        )
-        .route(
-            "/v1/topics/{topic}/subscriptions/{sub}/nack",
-            post(subscriptions::nack),
-        )
-        .route(
-            "/v1/topics/{topic}/subscriptions/{sub}/extend",
-            post(subscriptions::extend),
-        )
-        .route(
-            "/v1/topics/{topic}/subscriptions/{sub}/cursor",
-            put(subscriptions::cursor),
-        )
-        .route("/v1/cluster", get(cluster::status))
-        .route("/v1/cluster/snapshot", post(cluster::snapshot))
-        .route("/v1/cluster/nodes", post(membership::add_node))
-        .route("/v1/cluster/nodes/{id}", delete(membership::remove_node))
-        .route("/v1/cluster/voters", post(membership::set_voters))
-        .route(
-            "/v1/cluster/transfer-leader",
-            post(membership::transfer_leader),
-        )
+    let (v1, probes) = operations();
+    let v1 = v1
         .layer(middleware::from_fn_with_state(state.clone(), shutdown_gate))
         .layer(middleware::from_fn_with_state(state.clone(), auth_gate))
         .layer(middleware::from_fn_with_state(
@@ -77,10 +72,8 @@ pub fn router(state: AppState) -> Router {
             limits::load_gate,
         ))
         .layer(DefaultBodyLimit::max(body_limit));
-    Router::new()
-        .merge(v1)
-        .route("/healthz", get(cluster::healthz))
-        .route("/readyz", get(cluster::readyz))
+    let (routes, _) = v1.merge(probes).split_for_parts();
+    routes
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
@@ -155,6 +148,32 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for TopicName {
         check_name("topic", &name)?;
         Ok(TopicName(name))
     }
+}
+
+/// Described as the `{topic}` path parameter.
+impl utoipa::IntoParams for TopicName {
+    fn into_params(
+        _: impl Fn() -> Option<utoipa::openapi::path::ParameterIn>,
+    ) -> Vec<utoipa::openapi::path::Parameter> {
+        vec![name_param("topic", "The topic's name")]
+    }
+}
+
+/// A path parameter that is a topic or subscription name, as [`check_name`] checks it.
+pub(crate) fn name_param(name: &str, description: &str) -> utoipa::openapi::path::Parameter {
+    use utoipa::openapi::path::{ParameterBuilder, ParameterIn};
+    use utoipa::openapi::{ObjectBuilder, Required, Type};
+    ParameterBuilder::new()
+        .name(name)
+        .parameter_in(ParameterIn::Path)
+        .required(Required::True)
+        .description(Some(description))
+        .schema(Some(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .pattern(Some(raftq_client::api::NAME_PATTERN)),
+        ))
+        .build()
 }
 
 /// Checks a topic or subscription name from the path.

@@ -15,6 +15,7 @@ use raftq_client::api::{
 };
 
 use super::error::ApiError;
+use super::openapi::responses::*;
 use super::{check_name, parse_json, TopicName};
 use crate::node::AppState;
 use crate::state::{
@@ -86,6 +87,59 @@ pub(crate) fn convert(what: &str, r: RecordIn) -> Result<NewRecord, ApiError> {
     })
 }
 
+/// The query of a raw publish (`Content-Type: application/octet-stream`), as [`publish`] reads
+/// it; a JSON publish takes no query.
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(dead_code)] // described, not built: `publish` reads the raw query
+pub struct RawPublishQuery {
+    /// The record's key (a raw publish only; at most 4,096 bytes).
+    #[param(max_length = 4096)]
+    key: Option<String>,
+}
+
+/// The body of a raw publish: the record's value, any bytes.
+pub struct RawValue;
+
+impl utoipa::PartialSchema for RawValue {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{KnownFormat, ObjectBuilder, SchemaFormat, Type};
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .format(Some(SchemaFormat::KnownFormat(KnownFormat::Binary)))
+            .description(Some("The record's value: the raw body, any bytes"))
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for RawValue {}
+
+/// Publish records
+///
+/// A JSON batch of 1 to 10,000 records, idempotent with `producer_id` and `sequence`; or, with
+/// `Content-Type: application/octet-stream`, one record whose value is the raw body (`?key=`
+/// sets its key). A 2xx means the batch is committed on a majority and applied.
+#[utoipa::path(
+    post,
+    path = "/v1/topics/{topic}/records",
+    operation_id = "publish",
+    tag = "records",
+    params(TopicName, RawPublishQuery),
+    request_body(
+        description = "A batch of records, or one raw record",
+        content(
+            (PublishRequest = "application/json"),
+            (inline(RawValue) = "application/octet-stream"),
+        )
+    ),
+    responses(
+        (status = 200, description = "Committed (or, re-sent, answered with its original \
+            offsets and `duplicate: true`)", body = PublishResponse),
+        NotLeader, InvalidArgument, Unauthorized, Forbidden, TopicNotFound, SequenceGap,
+        PayloadTooLarge, Overloaded, Internal, Unavailable, Indeterminate,
+    ),
+    security(("bearer" = [])),
+)]
 pub async fn publish(
     State(node): State<AppState>,
     TopicName(topic): TopicName,
@@ -200,6 +254,31 @@ pub async fn publish(
         })),
         other => Err(ApiError::internal(format!("unexpected outcome {other:?}"))),
     }
+}
+
+/// The query of a read, as [`read_params`] parses it.
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(dead_code)] // described, not built: `read_params` parses the raw query
+pub struct ReadQuery {
+    /// Where to start: an offset, `first`, `last` (the last record) or `next` (only records
+    /// published after the call). Without it, `subscription` resumes at its cursor, and a read
+    /// without either starts at `first`.
+    #[param(pattern = "^([0-9]+|first|last|next)$", example = "first")]
+    from: Option<String>,
+    /// Read for this subscription: without `from`, start at its cursor; with `from`, move its
+    /// cursor forward to `from` (never back).
+    #[param(pattern = "^[A-Za-z0-9._-]{1,128}$")]
+    subscription: Option<String>,
+    /// Most records to return (default 100).
+    #[param(minimum = 1, maximum = 10000)]
+    max: Option<u64>,
+    /// Most bytes of records to return (default 4 MiB); at least one record is returned.
+    #[param(minimum = 1)]
+    max_bytes: Option<u64>,
+    /// Long-poll: wait up to this long for a record at or after `from` (default 0).
+    #[param(maximum = 30000)]
+    wait_ms: Option<u64>,
 }
 
 pub(crate) struct ReadParams {
@@ -363,8 +442,28 @@ async fn subscription_start(
     Ok(target)
 }
 
-/// Serves committed records only: apply runs after commit, and records become visible to
-/// readers when their entry is applied. Any node serves reads from its own applied state.
+/// Read records
+///
+/// Committed records only, from any node (but moving a subscription's cursor, with both
+/// `subscription` and `from`, is a write for the leader). A read below the topic's first offset starts there
+/// and says how many records it `skipped`.
+// Serves committed records only: apply runs after commit, and records become visible to
+// readers when their entry is applied. Any node serves reads from its own applied state.
+#[utoipa::path(
+    get,
+    path = "/v1/topics/{topic}/records",
+    operation_id = "read",
+    tag = "records",
+    params(TopicName, ReadQuery),
+    responses(
+        (status = 200, description = "Records (none when the wait ended first)",
+            body = ReadResponse),
+        NotLeader,
+        InvalidArgument, Unauthorized, Forbidden, SubscriptionNotFound, Overloaded, Internal,
+        Unavailable, Indeterminate,
+    ),
+    security(("bearer" = [])),
+)]
 pub async fn read(
     State(node): State<AppState>,
     TopicName(topic): TopicName,

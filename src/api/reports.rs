@@ -15,6 +15,7 @@ use raftq_client::api::{
 };
 
 use super::error::ApiError;
+use super::openapi::responses::*;
 use super::{check_name, parse_json, Access, TopicName};
 use crate::auth::Action;
 use crate::node::AppState;
@@ -74,6 +75,22 @@ pub fn topic_report(
     }
 }
 
+/// Report on a topic
+///
+/// Cumulative counters (they never decrease, so two reports subtract) as of one commit point:
+/// every record published at or before its timestamp is durable and counted.
+#[utoipa::path(
+    get,
+    path = "/v1/topics/{topic}/report",
+    operation_id = "topic_report",
+    tag = "reports",
+    params(TopicName),
+    responses(
+        (status = 200, description = "The topic's report", body = TopicReport),
+        InvalidArgument, Unauthorized, Forbidden, TopicNotFound, Overloaded, Unavailable,
+    ),
+    security(("bearer" = [])),
+)]
 pub async fn topic(
     State(node): State<AppState>,
     TopicName(topic): TopicName,
@@ -92,7 +109,20 @@ pub async fn topic(
     )))
 }
 
-/// The report of every topic the caller's token may see.
+/// Report on every topic
+///
+/// The report of every topic the caller's token may see, as of one commit point.
+#[utoipa::path(
+    get,
+    path = "/v1/report",
+    operation_id = "report",
+    tag = "reports",
+    responses(
+        (status = 200, description = "Every visible topic's report", body = Report),
+        Unauthorized, Overloaded, Unavailable,
+    ),
+    security(("bearer" = [])),
+)]
 pub async fn all(
     State(node): State<AppState>,
     Extension(access): Extension<Access>,
@@ -115,8 +145,26 @@ pub async fn all(
     })
 }
 
-/// A marker to the named topics, or to all of them; the token needs `publish` on each named
-/// topic, or on every topic (`publish:*`) when none is named.
+/// Broadcast a commit-point marker
+///
+/// One marker record appended to every named topic (all topics when none is named) in a
+/// single Raft entry, carrying the commit point in its headers. The token needs `publish` on
+/// each named topic, or on every topic (`publish:*`) when none is named.
+#[utoipa::path(
+    post,
+    path = "/v1/broadcast",
+    operation_id = "broadcast",
+    tag = "reports",
+    request_body(content = Option<BroadcastRequest>, content_type = "application/json",
+        description = "Every field is optional, and so is the body"),
+    responses(
+        (status = 200, description = "The markers' commit point and offsets",
+            body = BroadcastResponse),
+        NotLeader, InvalidArgument, Unauthorized, Forbidden, TopicNotFound, PayloadTooLarge,
+        Overloaded, Internal, Unavailable, Indeterminate,
+    ),
+    security(("bearer" = [])),
+)]
 pub async fn broadcast(
     State(node): State<AppState>,
     Extension(access): Extension<Access>,

@@ -17,6 +17,7 @@ use raftq_client::api::{
 };
 
 use super::error::ApiError;
+use super::openapi::responses::*;
 use super::records::api_value;
 use super::{check_name, parse_json, TopicName};
 use crate::node::AppState;
@@ -45,6 +46,18 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for SubPath {
         check_name("topic", &topic)?;
         check_name("subscription", &name)?;
         Ok(SubPath(SubRef { topic, name }))
+    }
+}
+
+/// Described as the `{topic}` and `{sub}` path parameters.
+impl utoipa::IntoParams for SubPath {
+    fn into_params(
+        _: impl Fn() -> Option<utoipa::openapi::path::ParameterIn>,
+    ) -> Vec<utoipa::openapi::path::Parameter> {
+        vec![
+            super::name_param("topic", "The topic's name"),
+            super::name_param("sub", "The subscription's name"),
+        ]
     }
 }
 
@@ -139,6 +152,26 @@ pub(crate) fn parse_optional<T: serde::de::DeserializeOwned + Default>(
     }
 }
 
+/// Create a subscription
+///
+/// Idempotent: the same configuration again answers 200; a different one, 409.
+#[utoipa::path(
+    put,
+    path = "/v1/topics/{topic}/subscriptions/{sub}",
+    operation_id = "create_subscription",
+    tag = "subscriptions",
+    params(SubPath),
+    request_body(content = Option<SubscriptionConfig>, content_type = "application/json",
+        description = "The subscription's configuration; every field is optional, and so is the body"),
+    responses(
+        (status = 201, description = "Created", body = SubscriptionInfo),
+        (status = 200, description = "A subscription of the same configuration exists",
+            body = SubscriptionInfo),
+        NotLeader, InvalidArgument, Unauthorized, Forbidden, TopicNotFound, AlreadyExists,
+        PayloadTooLarge, Overloaded, Internal, Unavailable, Indeterminate,
+    ),
+    security(("bearer" = [])),
+)]
 pub async fn create(
     State(node): State<AppState>,
     SubPath(sub): SubPath,
@@ -161,6 +194,19 @@ pub async fn create(
     Ok((status, Json(local_info(&node, &sub)?)).into_response())
 }
 
+/// Describe a subscription
+#[utoipa::path(
+    get,
+    path = "/v1/topics/{topic}/subscriptions/{sub}",
+    operation_id = "get_subscription",
+    tag = "subscriptions",
+    params(SubPath),
+    responses(
+        (status = 200, description = "The subscription", body = SubscriptionInfo),
+        InvalidArgument, Unauthorized, Forbidden, SubscriptionNotFound, Overloaded, Unavailable,
+    ),
+    security(("bearer" = [])),
+)]
 pub async fn get(
     State(node): State<AppState>,
     SubPath(sub): SubPath,
@@ -168,6 +214,19 @@ pub async fn get(
     Ok(Json(local_info(&node, &sub)?))
 }
 
+/// List the subscriptions of a topic
+#[utoipa::path(
+    get,
+    path = "/v1/topics/{topic}/subscriptions",
+    operation_id = "list_subscriptions",
+    tag = "subscriptions",
+    params(TopicName),
+    responses(
+        (status = 200, description = "The topic's subscriptions", body = SubscriptionList),
+        InvalidArgument, Unauthorized, Forbidden, TopicNotFound, Overloaded, Unavailable,
+    ),
+    security(("bearer" = [])),
+)]
 pub async fn list(
     State(node): State<AppState>,
     TopicName(topic): TopicName,
@@ -184,6 +243,20 @@ pub async fn list(
     Ok(Json(SubscriptionList { subscriptions }))
 }
 
+/// Delete a subscription
+#[utoipa::path(
+    delete,
+    path = "/v1/topics/{topic}/subscriptions/{sub}",
+    operation_id = "delete_subscription",
+    tag = "subscriptions",
+    params(SubPath),
+    responses(
+        (status = 204, description = "Deleted"),
+        NotLeader, InvalidArgument, Unauthorized, Forbidden, SubscriptionNotFound, Overloaded,
+        Internal, Unavailable, Indeterminate,
+    ),
+    security(("bearer" = [])),
+)]
 pub async fn delete(
     State(node): State<AppState>,
     SubPath(sub): SubPath,
@@ -199,7 +272,26 @@ fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-/// Leases records through Raft; long-polls until at least one can be leased or the wait ends.
+/// Lease records
+///
+/// Leases records through Raft; long-polls (`wait_ms`) until at least one can be leased or the
+/// wait ends. Ack, nack or extend each by its `receipt`.
+#[utoipa::path(
+    post,
+    path = "/v1/topics/{topic}/subscriptions/{sub}/pull",
+    operation_id = "pull",
+    tag = "subscriptions",
+    params(SubPath),
+    request_body(content = Option<PullRequest>, content_type = "application/json",
+        description = "Every field is optional, and so is the body"),
+    responses(
+        (status = 200, description = "Leased records, lowest offsets first (none when the \
+            wait ended first)", body = PullResponse),
+        NotLeader, InvalidArgument, Unauthorized, Forbidden, SubscriptionNotFound, PayloadTooLarge,
+        Overloaded, Internal, Unavailable, Indeterminate,
+    ),
+    security(("bearer" = [])),
+)]
 pub async fn pull(
     State(node): State<AppState>,
     SubPath(sub): SubPath,
@@ -397,6 +489,24 @@ async fn settle(
     Ok(Json(ReceiptResults { results }))
 }
 
+/// Acknowledge deliveries
+///
+/// `acked`, or `stale` for a receipt whose lease expired and was delivered again, or that
+/// was acked already: a stale receipt changes nothing.
+#[utoipa::path(
+    post,
+    path = "/v1/topics/{topic}/subscriptions/{sub}/ack",
+    operation_id = "ack",
+    tag = "subscriptions",
+    params(SubPath),
+    request_body = AckRequest,
+    responses(
+        (status = 200, description = "One result per receipt, in order", body = ReceiptResults),
+        NotLeader, InvalidArgument, Unauthorized, Forbidden, SubscriptionNotFound, PayloadTooLarge,
+        Overloaded, Internal, Unavailable, Indeterminate,
+    ),
+    security(("bearer" = [])),
+)]
 pub async fn ack(
     State(node): State<AppState>,
     SubPath(sub): SubPath,
@@ -407,6 +517,24 @@ pub async fn ack(
     settle(&node, &uri, sub, req.receipts, ReceiptAction::Ack).await
 }
 
+/// Release deliveries
+///
+/// `released` (available again at the same offset, after `delay_ms`), `dead_lettered`, or
+/// `stale`.
+#[utoipa::path(
+    post,
+    path = "/v1/topics/{topic}/subscriptions/{sub}/nack",
+    operation_id = "nack",
+    tag = "subscriptions",
+    params(SubPath),
+    request_body = NackRequest,
+    responses(
+        (status = 200, description = "One result per receipt, in order", body = ReceiptResults),
+        NotLeader, InvalidArgument, Unauthorized, Forbidden, SubscriptionNotFound, PayloadTooLarge,
+        Overloaded, Internal, Unavailable, Indeterminate,
+    ),
+    security(("bearer" = [])),
+)]
 pub async fn nack(
     State(node): State<AppState>,
     SubPath(sub): SubPath,
@@ -426,6 +554,23 @@ pub async fn nack(
     settle(&node, &uri, sub, req.receipts, action).await
 }
 
+/// Extend leases
+///
+/// `extended` with the new `lease_expires_ms`, or `stale`.
+#[utoipa::path(
+    post,
+    path = "/v1/topics/{topic}/subscriptions/{sub}/extend",
+    operation_id = "extend",
+    tag = "subscriptions",
+    params(SubPath),
+    request_body = ExtendRequest,
+    responses(
+        (status = 200, description = "One result per receipt, in order", body = ReceiptResults),
+        NotLeader, InvalidArgument, Unauthorized, Forbidden, SubscriptionNotFound, PayloadTooLarge,
+        Overloaded, Internal, Unavailable, Indeterminate,
+    ),
+    security(("bearer" = [])),
+)]
 pub async fn extend(
     State(node): State<AppState>,
     SubPath(sub): SubPath,
@@ -442,6 +587,23 @@ pub async fn extend(
     settle(&node, &uri, sub, req.receipts, action).await
 }
 
+/// Move the cursor
+///
+/// Every offset below the cursor is done. It moves back only with `allow_backward`.
+#[utoipa::path(
+    put,
+    path = "/v1/topics/{topic}/subscriptions/{sub}/cursor",
+    operation_id = "set_cursor",
+    tag = "subscriptions",
+    params(SubPath),
+    request_body = CursorRequest,
+    responses(
+        (status = 200, description = "The cursor now", body = CursorResponse),
+        NotLeader, InvalidArgument, Unauthorized, Forbidden, SubscriptionNotFound, PayloadTooLarge,
+        Overloaded, Internal, Unavailable, Indeterminate,
+    ),
+    security(("bearer" = [])),
+)]
 pub async fn cursor(
     State(node): State<AppState>,
     SubPath(sub): SubPath,

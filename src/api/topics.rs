@@ -9,6 +9,7 @@ use axum::{Extension, Json};
 use raftq_client::api::{CommitPoint, Retention, TopicConfig, TopicInfo, TopicList, TopicSummary};
 
 use super::error::ApiError;
+use super::openapi::responses::*;
 use super::{parse_json, Access, TopicName};
 use crate::node::AppState;
 use crate::state::{Command, CreateTopic, DeleteTopic, Outcome, SmState, TopicMeta, TopicSettings};
@@ -63,6 +64,25 @@ fn info(node: &AppState, name: &str) -> Result<TopicInfo, ApiError> {
     })
 }
 
+/// Create a topic
+///
+/// Idempotent: the same configuration again answers 200; a different one, 409.
+#[utoipa::path(
+    put,
+    path = "/v1/topics/{topic}",
+    operation_id = "create_topic",
+    tag = "topics",
+    params(TopicName),
+    request_body(content = Option<TopicConfig>, content_type = "application/json",
+        description = "The topic's configuration; every field is optional, and so is the body"),
+    responses(
+        (status = 201, description = "Created", body = TopicInfo),
+        (status = 200, description = "A topic of the same configuration exists", body = TopicInfo),
+        NotLeader, InvalidArgument, Unauthorized, Forbidden, AlreadyExists, PayloadTooLarge,
+        Overloaded, Internal, Unavailable, Indeterminate,
+    ),
+    security(("bearer" = [])),
+)]
 pub async fn create(
     State(node): State<AppState>,
     TopicName(topic): TopicName,
@@ -95,7 +115,20 @@ pub async fn create(
     Ok((status, Json(info(&node, &topic)?)).into_response())
 }
 
-/// Lists the topics the caller's token may see (every topic when the API is open).
+/// List topics
+///
+/// The topics the caller's token may see (every topic when the API is open).
+#[utoipa::path(
+    get,
+    path = "/v1/topics",
+    operation_id = "list_topics",
+    tag = "topics",
+    responses(
+        (status = 200, description = "The topics", body = TopicList),
+        Unauthorized, Overloaded, Unavailable,
+    ),
+    security(("bearer" = [])),
+)]
 pub async fn list(
     State(node): State<AppState>,
     Extension(access): Extension<Access>,
@@ -112,6 +145,19 @@ pub async fn list(
     })
 }
 
+/// Describe a topic
+#[utoipa::path(
+    get,
+    path = "/v1/topics/{topic}",
+    operation_id = "get_topic",
+    tag = "topics",
+    params(TopicName),
+    responses(
+        (status = 200, description = "The topic", body = TopicInfo),
+        InvalidArgument, Unauthorized, Forbidden, TopicNotFound, Overloaded, Unavailable,
+    ),
+    security(("bearer" = [])),
+)]
 pub async fn get(
     State(node): State<AppState>,
     TopicName(topic): TopicName,
@@ -119,6 +165,20 @@ pub async fn get(
     Ok(Json(info(&node, &topic)?))
 }
 
+/// Delete a topic, its records and its subscriptions
+#[utoipa::path(
+    delete,
+    path = "/v1/topics/{topic}",
+    operation_id = "delete_topic",
+    tag = "topics",
+    params(TopicName),
+    responses(
+        (status = 204, description = "Deleted"),
+        NotLeader, InvalidArgument, Unauthorized, Forbidden, TopicNotFound, Overloaded, Internal,
+        Unavailable, Indeterminate,
+    ),
+    security(("bearer" = [])),
+)]
 pub async fn delete(
     State(node): State<AppState>,
     TopicName(topic): TopicName,
