@@ -348,20 +348,32 @@ async fn metrics_parse_and_follow_a_workload() {
     let c = Cluster::start(3).await;
     let leader = c.wait_leader(Duration::from_secs(20)).await;
 
-    // Every node serves the exposition, without a token, and agrees on who leads.
+    // Every node serves the exposition, without a token, and agrees on who leads (a node
+    // learns its role a moment after the leader is known: wait for it).
     for id in c.ids() {
         let m = scrape(&c, id).await;
         assert_eq!(m.value("raftq_node_id", &[]), id as f64);
-        assert_eq!(m.value("raftq_raft_leader_id", &[]), leader as f64);
-        let is_leader = if id == leader { 1.0 } else { 0.0 };
-        assert_eq!(
-            m.value("raftq_raft_state", &[("state", "leader")]),
-            is_leader
-        );
-        assert_eq!(
-            m.value("raftq_raft_state", &[("state", "follower")]),
-            1.0 - is_leader
-        );
+        let role = if id == leader { "leader" } else { "follower" };
+        c.wait_for(
+            &format!("node {id}'s role"),
+            Duration::from_secs(10),
+            || async {
+                let m = scrape(&c, id).await;
+                let states: Vec<String> = m
+                    .samples
+                    .iter()
+                    .filter(|s| s.name == "raftq_raft_state" && s.value == 1.0)
+                    .map(|s| s.labels["state"].clone())
+                    .collect();
+                let leader_seen = m.value("raftq_raft_leader_id", &[]);
+                if states == [role] && leader_seen == leader as f64 {
+                    Ok(())
+                } else {
+                    Err(format!("states {states:?}, leader {leader_seen}"))
+                }
+            },
+        )
+        .await;
     }
     let before = scrape(&c, leader).await;
 
