@@ -311,3 +311,62 @@ async fn a_cluster_restored_from_a_backup_has_exactly_the_backed_up_state_and_go
     let _ = child.kill();
     let _ = child.wait();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_refuses_an_id_the_backed_up_cluster_removed() {
+    let c = Cluster::start_with_spares(3, 1, &[]).await;
+    let leader = c.wait_leader(Duration::from_secs(20)).await;
+    c.restart(4).await;
+    let resp = c
+        .send(
+            c.http()
+                .post(format!("{}/v1/cluster/nodes", c.url(leader)))
+                .json(&json!({"id": 4, "url": c.url(4)})),
+            "add node 4",
+        )
+        .await;
+    assert_eq!(resp.status().as_u16(), 200, "{:?}", resp.text().await);
+    let resp = c
+        .send(
+            c.http()
+                .delete(format!("{}/v1/cluster/nodes/4", c.url(leader))),
+            "remove node 4",
+        )
+        .await;
+    assert_eq!(resp.status().as_u16(), 200, "{:?}", resp.text().await);
+    c.kill(4);
+    call(&c, reqwest::Method::POST, "/v1/cluster/snapshot", json!({})).await;
+    let dir = tempfile::tempdir().expect("backup dir");
+    let file = dir.path().join("b.snap");
+    stdout_json(&run(Command::new(BIN).args([
+        "backup",
+        "--data",
+        &c.data_dir(leader).to_string_lossy(),
+        "--out",
+        &file.to_string_lossy(),
+        "--json",
+    ])));
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, SECRET).expect("write the secret");
+    let data = dir.path().join("restored");
+    let restore = |peers: &str| {
+        run(Command::new(BIN)
+            .args(["restore", "--id", "1", "--listen", "127.0.0.1:1"])
+            .arg("--from")
+            .arg(&file)
+            .arg("--data")
+            .arg(&data)
+            .args(["--peers", peers, "--cluster-secret-file"])
+            .arg(&secret))
+    };
+    let refused = restore("1=http://127.0.0.1:1,4=http://127.0.0.1:4");
+    assert_eq!(refused.status.code(), Some(1), "{refused:?}");
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("node id 4 was removed"),
+        "{refused:?}"
+    );
+    assert!(!data.exists(), "a refused restore left {}", data.display());
+    // Other ids are fine.
+    let ok = restore("1=http://127.0.0.1:1,5=http://127.0.0.1:5");
+    assert!(ok.status.success(), "{ok:?}");
+}

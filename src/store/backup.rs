@@ -142,6 +142,29 @@ pub fn restore(from: &Path, settings: &Settings) -> anyhow::Result<Restored> {
             );
         }
     }
+    let existed = settings.data.exists();
+    let result = restore_into(from, settings, last);
+    if result.is_err() {
+        // A refused or failed restore leaves the directory as it found it: absent or empty.
+        if existed {
+            if let Ok(entries) = fs::read_dir(&settings.data) {
+                for entry in entries.flatten() {
+                    let path = entry.path();
+                    let _ = if path.is_dir() {
+                        fs::remove_dir_all(&path)
+                    } else {
+                        fs::remove_file(&path)
+                    };
+                }
+            }
+        } else {
+            let _ = fs::remove_dir_all(&settings.data);
+        }
+    }
+    result
+}
+
+fn restore_into(from: &Path, settings: &Settings, last: LogId) -> anyhow::Result<Restored> {
     let datadir = DataDir::open(&settings.data, &settings.cluster_id, settings.id)?;
     let db = super::open_db_with(&datadir.db_path(), settings.write_buffer_bytes)
         .with_context(|| format!("open the database in {}", settings.data.display()))?;
