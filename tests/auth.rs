@@ -5,7 +5,6 @@
 mod common;
 
 use common::{Cluster, PROBLEM_JSON, SECRET, SECRET_HEADER};
-use raftq::auth::token_hash_hex;
 use raftq_client::api::{PublishRequest, PullResponse, RecordIn, TopicList};
 use reqwest::header::{AUTHORIZATION, WWW_AUTHENTICATE};
 use reqwest::Method;
@@ -18,19 +17,12 @@ const READER: &str = "rq_test_reader_7c33d9b5";
 const SCRATCH: &str = "rq_test_scratch_19fe02c4";
 
 fn tokens_file() -> String {
-    let entry = |name: &str, token: &str, grants: &str| {
-        format!(
-            "[[token]]\nname = \"{name}\"\nsha256 = \"{}\"\ngrants = [{grants}]\n",
-            token_hash_hex(token)
-        )
-    };
-    [
-        entry("admin", ADMIN, "\"admin:*\""),
-        entry("writer", WRITER, "\"publish:orders.*\""),
-        entry("reader", READER, "\"consume:orders.*\""),
-        entry("scratch", SCRATCH, "\"admin:scratch-*\""),
-    ]
-    .concat()
+    common::tokens_toml(&[
+        ("admin", ADMIN, "admin:*"),
+        ("writer", WRITER, "publish:orders.*"),
+        ("reader", READER, "consume:orders.*"),
+        ("scratch", SCRATCH, "admin:scratch-*"),
+    ])
 }
 
 /// One endpoint class: a request, and a token that is valid but lacks what it needs

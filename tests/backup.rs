@@ -40,24 +40,14 @@ fn restore_command(c: &Cluster, id: u64, from: &Path) -> Command {
     cmd
 }
 
-async fn call(c: &Cluster, method: reqwest::Method, path: &str, body: Value) -> Value {
-    let leader = c.wait_leader(Duration::from_secs(20)).await;
-    let url = format!("{}{path}", c.url(leader));
-    let resp = c
-        .send(c.http().request(method.clone(), url).json(&body), path)
-        .await;
-    let status = resp.status().as_u16();
-    let text = resp.text().await.unwrap_or_default();
-    assert!(status < 300, "{method} {path} answered {status}: {text}");
-    serde_json::from_str(&text).unwrap_or(Value::Null)
-}
-
 async fn publish_idempotent(c: &Cluster, producer: &str, sequence: u64) -> PublishResponse {
     let records: Vec<Value> = (0..10)
         .map(|i| json!({"value": format!("p-{i}")}))
         .collect();
     let body = json!({"records": records, "producer_id": producer, "sequence": sequence});
-    let out = call(c, reqwest::Method::POST, "/v1/topics/orders/records", body).await;
+    let out = c
+        .leader_json(reqwest::Method::POST, "/v1/topics/orders/records", body)
+        .await;
     serde_json::from_value(out).expect("a publish answer")
 }
 
@@ -65,8 +55,7 @@ async fn publish_idempotent(c: &Cluster, producer: &str, sequence: u64) -> Publi
 async fn a_cluster_restored_from_a_backup_has_exactly_the_backed_up_state_and_goes_on() {
     let c = Cluster::start(3).await;
     c.create_topic("orders").await;
-    call(
-        &c,
+    c.leader_json(
         reqwest::Method::PUT,
         "/v1/topics/orders/subscriptions/billing",
         json!({"start": "first"}),
@@ -79,33 +68,13 @@ async fn a_cluster_restored_from_a_backup_has_exactly_the_backed_up_state_and_go
         &(0..5).map(|i| format!("v-{i}")).collect::<Vec<_>>(),
     )
     .await;
-    let pulled = call(
-        &c,
-        reqwest::Method::POST,
-        "/v1/topics/orders/subscriptions/billing/pull",
-        json!({"max": 4, "ack_timeout_ms": 600000}),
-    )
-    .await;
-    let receipts: Vec<Value> = pulled["messages"]
-        .as_array()
-        .expect("messages")
-        .iter()
-        .map(|m| m["receipt"].clone())
-        .collect();
-    assert_eq!(receipts.len(), 4);
-    call(
-        &c,
-        reqwest::Method::POST,
-        "/v1/topics/orders/subscriptions/billing/ack",
-        json!({"receipts": receipts[..2]}),
-    )
-    .await;
+    // Pull 4, ack the first 2: 2 stay in flight.
+    c.pull_and_ack("orders", "billing", 4, 2).await;
     c.wait_converged("orders").await;
     // A later term than the first: the restored cluster's first election must go above it.
     let first_leader = c.leader_id().await;
     let to = c.ids().into_iter().find(|id| *id != first_leader).unwrap();
-    call(
-        &c,
+    c.leader_json(
         reqwest::Method::POST,
         "/v1/cluster/transfer-leader",
         json!({"to": to}),
@@ -119,7 +88,8 @@ async fn a_cluster_restored_from_a_backup_has_exactly_the_backed_up_state_and_go
     assert!(backed_up_term > 1, "{status}");
 
     // A snapshot on the leader, then the backup, beside the running node.
-    call(&c, reqwest::Method::POST, "/v1/cluster/snapshot", json!({})).await;
+    c.leader_json(reqwest::Method::POST, "/v1/cluster/snapshot", json!({}))
+        .await;
     let dir = tempfile::tempdir().expect("backup dir");
     let file = dir.path().join("orders.snap");
     let backup = stdout_json(&run(Command::new(BIN).args([
@@ -335,7 +305,8 @@ async fn a_restore_refuses_an_id_the_backed_up_cluster_removed() {
         .await;
     assert_eq!(resp.status().as_u16(), 200, "{:?}", resp.text().await);
     c.kill(4);
-    call(&c, reqwest::Method::POST, "/v1/cluster/snapshot", json!({})).await;
+    c.leader_json(reqwest::Method::POST, "/v1/cluster/snapshot", json!({}))
+        .await;
     let dir = tempfile::tempdir().expect("backup dir");
     let file = dir.path().join("b.snap");
     stdout_json(&run(Command::new(BIN).args([

@@ -14,25 +14,17 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::Cluster;
-use raftq::auth::token_hash_hex;
 use raftq_client::api::{ClusterStatus, Report};
-use serde_json::{json, Value};
+use serde_json::json;
 
 const ADMIN: &str = "rq_dash_admin_5a0c31";
 const READER: &str = "rq_dash_reader_93be7f";
 
 fn tokens_file() -> String {
-    let entry = |name: &str, token: &str, grants: &str| {
-        format!(
-            "[[token]]\nname = \"{name}\"\nsha256 = \"{}\"\ngrants = [{grants}]\n",
-            token_hash_hex(token)
-        )
-    };
-    [
-        entry("admin", ADMIN, "\"admin:*\""),
-        entry("reader", READER, "\"consume:orders.*\""),
-    ]
-    .concat()
+    common::tokens_toml(&[
+        ("admin", ADMIN, "admin:*"),
+        ("reader", READER, "consume:orders.*"),
+    ])
 }
 
 fn chromium() -> PathBuf {
@@ -142,18 +134,6 @@ fn attribute(dom: &str, id: &str, name: &str) -> Option<String> {
     Some(tag[from..from + tag[from..].find('"')?].to_string())
 }
 
-async fn call(c: &Cluster, method: reqwest::Method, path: &str, body: Value) -> Value {
-    let leader = c.wait_leader(Duration::from_secs(20)).await;
-    let url = format!("{}{path}", c.url(leader));
-    let resp = c
-        .send(c.http().request(method.clone(), url).json(&body), path)
-        .await;
-    let status = resp.status().as_u16();
-    let text = resp.text().await.unwrap_or_default();
-    assert!(status < 300, "{method} {path} answered {status}: {text}");
-    serde_json::from_str(&text).unwrap_or(Value::Null)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboard_shows_what_the_api_says_in_headless_chromium() {
     let c = Cluster::start_with_tokens(3, &tokens_file(), ADMIN).await;
@@ -185,8 +165,7 @@ async fn the_dashboard_shows_what_the_api_says_in_headless_chromium() {
     // A workload: one topic the reader sees, one it does not.
     c.create_topic("orders.eu").await;
     c.create_topic("payroll").await;
-    call(
-        &c,
+    c.leader_json(
         reqwest::Method::PUT,
         "/v1/topics/orders.eu/subscriptions/billing",
         json!({"start": "first"}),
@@ -197,27 +176,8 @@ async fn the_dashboard_shows_what_the_api_says_in_headless_chromium() {
         c.publish_values("orders.eu", &values).await;
     }
     c.publish_values("payroll", &["p".into()]).await;
-    let pulled = call(
-        &c,
-        reqwest::Method::POST,
-        "/v1/topics/orders.eu/subscriptions/billing/pull",
-        json!({"max": 6, "ack_timeout_ms": 120000}),
-    )
-    .await;
-    let receipts: Vec<Value> = pulled["messages"]
-        .as_array()
-        .expect("messages")
-        .iter()
-        .map(|m| m["receipt"].clone())
-        .collect();
-    assert_eq!(receipts.len(), 6);
-    call(
-        &c,
-        reqwest::Method::POST,
-        "/v1/topics/orders.eu/subscriptions/billing/ack",
-        json!({"receipts": receipts[..4]}),
-    )
-    .await;
+    // Pull 6, ack the first 4: 2 stay in flight.
+    c.pull_and_ack("orders.eu", "billing", 6, 4).await;
     c.wait_converged("orders.eu").await;
 
     let profile = tempfile::tempdir().expect("browser profile dir");

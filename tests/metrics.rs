@@ -308,18 +308,6 @@ async fn scrape(c: &Cluster, id: u64) -> Exposition {
     parse(&text).unwrap_or_else(|e| panic!("node {id}: not Prometheus text: {e}\n{text}"))
 }
 
-async fn call(c: &Cluster, method: reqwest::Method, path: &str, body: Value) -> Value {
-    let leader = c.wait_leader(Duration::from_secs(20)).await;
-    let url = format!("{}{path}", c.url(leader));
-    let resp = c
-        .send(c.http().request(method.clone(), url).json(&body), path)
-        .await;
-    let status = resp.status().as_u16();
-    let text = resp.text().await.unwrap_or_default();
-    assert!(status < 300, "{method} {path} answered {status}: {text}");
-    serde_json::from_str(&text).unwrap_or(Value::Null)
-}
-
 #[test]
 fn the_parser_refuses_what_prometheus_would() {
     let good = "# HELP a_total x\n# TYPE a_total counter\na_total{t=\"q\\\"x\"} 3\n\
@@ -378,8 +366,7 @@ async fn metrics_parse_and_follow_a_workload() {
     let before = scrape(&c, leader).await;
 
     c.create_topic("orders").await;
-    call(
-        &c,
+    c.leader_json(
         reqwest::Method::PUT,
         "/v1/topics/orders/subscriptions/billing",
         json!({"start": "first"}),
@@ -390,28 +377,8 @@ async fn metrics_parse_and_follow_a_workload() {
         let values: Vec<String> = (0..4).map(|i| format!("order-{batch}-{i}")).collect();
         c.publish_values("orders", &values).await;
     }
-    let pulled = call(
-        &c,
-        reqwest::Method::POST,
-        "/v1/topics/orders/subscriptions/billing/pull",
-        json!({"max": 6, "ack_timeout_ms": 60000}),
-    )
-    .await;
-    let receipts: Vec<Value> = pulled["messages"]
-        .as_array()
-        .expect("messages")
-        .iter()
-        .map(|m| m["receipt"].clone())
-        .collect();
-    assert_eq!(receipts.len(), 6, "{pulled}");
-    // Ack the first four; two stay in flight.
-    call(
-        &c,
-        reqwest::Method::POST,
-        "/v1/topics/orders/subscriptions/billing/ack",
-        json!({"receipts": receipts[..4]}),
-    )
-    .await;
+    // Pull 6, ack the first 4: 2 stay in flight.
+    c.pull_and_ack("orders", "billing", 6, 4).await;
     c.wait_converged("orders").await;
 
     let after = scrape(&c, leader).await;
@@ -501,7 +468,8 @@ async fn metrics_parse_and_follow_a_workload() {
     }
 
     // A snapshot: its size, index and build duration appear.
-    call(&c, reqwest::Method::POST, "/v1/cluster/snapshot", json!({})).await;
+    c.leader_json(reqwest::Method::POST, "/v1/cluster/snapshot", json!({}))
+        .await;
     let snap = scrape(&c, leader).await;
     assert!(snap.value("raftq_snapshot_index", &[]) > 0.0);
     assert!(snap.value("raftq_snapshot_size_bytes", &[]) > 0.0);
@@ -513,8 +481,7 @@ async fn metrics_parse_and_follow_a_workload() {
         .await
         .get("raftq_leader_changes_total", &[])
         .unwrap_or(0.0);
-    call(
-        &c,
+    c.leader_json(
         reqwest::Method::POST,
         "/v1/cluster/transfer-leader",
         json!({"to": to}),

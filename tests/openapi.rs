@@ -8,7 +8,6 @@ use std::collections::BTreeSet;
 
 use base64::Engine as _;
 use common::{Cluster, PROBLEM_JSON, SECRET};
-use raftq::auth::token_hash_hex;
 use reqwest::header::{AUTHORIZATION, CONTENT_TYPE};
 use reqwest::Method;
 use serde_json::{json, Value};
@@ -16,10 +15,7 @@ use serde_json::{json, Value};
 const ADMIN: &str = "rq_test_openapi_admin_5d2c81";
 
 fn tokens_file() -> String {
-    format!(
-        "[[token]]\nname = \"admin\"\nsha256 = \"{}\"\ngrants = [\"admin:*\"]\n",
-        token_hash_hex(ADMIN)
-    )
+    common::tokens_toml(&[("admin", ADMIN, "admin:*")])
 }
 
 /// Resolves a `#/components/schemas/...` reference.

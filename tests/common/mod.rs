@@ -59,6 +59,20 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// A tokens file with one entry per `(name, token, grant)`, as `raftq token create` writes
+/// them (the token's SHA-256, never the token).
+pub fn tokens_toml(entries: &[(&str, &str, &str)]) -> String {
+    entries
+        .iter()
+        .map(|(name, token, grant)| {
+            format!(
+                "[[token]]\nname = \"{name}\"\nsha256 = \"{}\"\ngrants = [\"{grant}\"]\n",
+                raftq::auth::token_hash_hex(token)
+            )
+        })
+        .collect()
+}
+
 /// A TCP port on 127.0.0.1 that was free a moment ago and that no other cluster of this
 /// process got. Another process may still take it before the node binds it: [`Cluster::start`]
 /// starts over with new ports when a node cannot listen.
@@ -845,6 +859,56 @@ impl Cluster {
         let url = format!("{}{path}", self.url(leader));
         self.send(self.http.post(url).json(body), &format!("POST {path}"))
             .await
+    }
+
+    /// `METHOD {path}` with a JSON body on the current leader, expecting a 2xx; its JSON
+    /// answer (`Null` when it has none).
+    pub async fn leader_json(&self, method: reqwest::Method, path: &str, body: Value) -> Value {
+        let leader = self.wait_leader(Duration::from_secs(20)).await;
+        let url = format!("{}{path}", self.url(leader));
+        let what = format!("{method} {path} on leader {leader}");
+        let resp = self
+            .send(self.http.request(method, url).json(&body), &what)
+            .await;
+        let status = resp.status().as_u16();
+        let text = resp.text().await.unwrap_or_default();
+        if !(200..300).contains(&status) {
+            self.fail(&format!("{what} answered {status}: {text}"));
+        }
+        serde_json::from_str(&text).unwrap_or(Value::Null)
+    }
+
+    /// Pulls `pull` messages of `topic`/`sub` on the leader (leases of 10 minutes) and acks the
+    /// first `ack` of them; the receipts of all that were pulled.
+    pub async fn pull_and_ack(
+        &self,
+        topic: &str,
+        sub: &str,
+        pull: usize,
+        ack: usize,
+    ) -> Vec<Value> {
+        let base = format!("/v1/topics/{topic}/subscriptions/{sub}");
+        let pulled = self
+            .leader_json(
+                reqwest::Method::POST,
+                &format!("{base}/pull"),
+                json!({"max": pull, "ack_timeout_ms": 600_000}),
+            )
+            .await;
+        let receipts: Vec<Value> = pulled["messages"]
+            .as_array()
+            .map(|m| m.iter().map(|m| m["receipt"].clone()).collect())
+            .unwrap_or_default();
+        if receipts.len() != pull {
+            self.fail(&format!("pulled {} of {pull}: {pulled}", receipts.len()));
+        }
+        self.leader_json(
+            reqwest::Method::POST,
+            &format!("{base}/ack"),
+            json!({"receipts": receipts[..ack]}),
+        )
+        .await;
+        receipts
     }
 
     /// `PUT {path}` with a JSON body on the current leader, expecting 200 or 201 (creating a
