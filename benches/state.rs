@@ -11,8 +11,8 @@ use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion
 use raftq::codec;
 use raftq::state::{
     apply_entry, pending_record, Batch, Command, CreateSub, CreateTopic, LogPayload, NewRecord,
-    Outcome, ProducerSeq, Publish, Pull, ReceiptAction, RecordSource, SetCursor, SettleReceipts,
-    SmState, Start, StoredRecord, SubRef, SubSettings, TopicSettings, Write,
+    Outcome, ProducerSeq, Publish, Pull, ReadFault, ReceiptAction, RecordSource, SetCursor,
+    SettleReceipts, SmState, Start, StoredRecord, SubRef, SubSettings, TopicSettings, Write,
 };
 
 const TOPIC: &str = "bench";
@@ -23,8 +23,13 @@ const RECORDS: usize = 64;
 struct Pending;
 
 impl RecordSource for Pending {
-    fn record(&self, pending: &[Write], topic_id: u64, offset: u64) -> Option<StoredRecord> {
-        pending_record(pending, topic_id, offset)
+    fn record(
+        &self,
+        pending: &[Write],
+        topic_id: u64,
+        offset: u64,
+    ) -> Result<Option<StoredRecord>, ReadFault> {
+        Ok(pending_record(pending, topic_id, offset))
     }
 }
 
@@ -75,7 +80,8 @@ fn sub_ref() -> SubRef {
 /// for a fast apply.
 fn apply(state: &mut SmState, index: u64, batch: &Batch) -> Vec<Outcome> {
     let mut writes = Vec::new();
-    let response = apply_entry(state, &Pending, index, batch, &mut writes);
+    let response =
+        apply_entry(state, &Pending, index, batch, &mut writes).expect("no record read fails");
     response
         .results
         .into_iter()

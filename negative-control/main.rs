@@ -1,2 +1,2 @@
-//! `raftq` with the WAL switched off: the chaos suite's negative control. Same command line.
+//! `raftq` acknowledging before fsync: the chaos suite's negative control. Same command line.
 include!("../src/main.rs");

@@ -7,6 +7,7 @@
 //! - [`api`]: the public HTTP API (API.md), one module per endpoint family.
 //! - [`auth`]: API tokens (stored as hashes) and the actions they grant on topics.
 //! - [`proposer`]: group commit, many client commands per Raft entry.
+//! - [`clock`]: the entry clock the leader stamps, which no single wall clock can make leap.
 //! - [`raft`]: openraft types and the node-to-node RPC (client and server side).
 //! - [`state`]: the pure state machine: commands, apply, and the types stored on disk.
 //! - [`store`]: RocksDB: the Raft log, Raft metadata, the state machine, snapshots, the data
@@ -19,6 +20,7 @@
 pub mod api;
 pub mod auth;
 pub mod cli;
+pub mod clock;
 pub mod codec;
 pub mod config;
 pub mod dashboard;
@@ -26,6 +28,7 @@ pub mod metrics;
 pub mod node;
 pub mod proposer;
 pub mod raft;
+pub mod rejoin;
 pub mod state;
 pub mod store;
 pub mod tls;

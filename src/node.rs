@@ -22,6 +22,7 @@ use openraft::BasicNode;
 use tokio::sync::watch;
 
 use crate::api::error::ApiError;
+use crate::clock::{EntryClock, JumpDetector};
 use crate::config::Settings;
 use crate::proposer::{ProposeError, Proposer, ProposerLimits};
 use crate::raft::network::{Network, SECRET_HEADER};
@@ -40,6 +41,8 @@ pub struct Node {
     pub limits: crate::api::limits::Limits,
     /// Highest committed index known here (from the log store).
     pub committed: Arc<AtomicU64>,
+    /// The time this node stamps into entries when it leads (see [`crate::clock`]).
+    pub clock: Arc<EntryClock>,
     /// Raised once at the start of shutdown; handlers and long-polls watch it.
     shutdown_tx: watch::Sender<bool>,
     /// Writes between "proposed" and "answered", so shutdown can let them finish.
@@ -256,6 +259,24 @@ fn raft_config(settings: &Settings) -> anyhow::Result<openraft::Config> {
         max_payload_entries: 32,
         snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(settings.snapshot_logs),
         max_in_snapshot_log_to_keep: settings.snapshot_keep_logs,
+        // Safety-relevant choices, set here rather than left to openraft's defaults:
+        //
+        // A restarted leader never resumes its term without an election. openraft 0.10
+        // restores leadership by default; but the leader replicates an entry before its own
+        // fsync, so after a power loss it may come back without entries its followers
+        // committed, and, still leading the same term, write new entries under the log ids of
+        // those committed ones. Followers compare log ids only, so the replicas would diverge.
+        // An election instead makes it learn the committed log from a majority first.
+        enable_leader_restore: Some(false),
+        // A follower whose log went backwards (lost entries it acknowledged) is a fault to
+        // stop on, never progress to reset quietly.
+        allow_log_reversion: Some(false),
+        // No pre-vote round: with it, a follower left alone (the others down) never starts an
+        // election and keeps naming its dead leader, so writes sent to it are redirected to a
+        // node that is gone instead of answered 503 `no_leader`. A node cut off and back does
+        // not depose a healthy leader anyway: the followers' leader lease (the election
+        // timeout) refuses its vote requests.
+        enable_pre_vote: Some(false),
         ..Default::default()
     };
     Ok(config.validate()?)
@@ -263,22 +284,39 @@ fn raft_config(settings: &Settings) -> anyhow::Result<openraft::Config> {
 
 /// Starts a node and runs it until a signal (graceful shutdown) or a fatal error.
 pub async fn run(settings: Settings) -> anyhow::Result<()> {
-    if cfg!(feature = "negative-control-unsafe-no-fsync") {
+    if cfg!(feature = "negative-control-unsafe-early-flush") {
         tracing::error!(
-            "NEGATIVE CONTROL BUILD: writes skip the WAL and fsync; acknowledged data WILL be lost \
-             on a crash. This binary exists only to prove the chaos suite detects loss."
+            "NEGATIVE CONTROL BUILD: log appends are acknowledged before they are fsynced; \
+             acknowledged data WILL be lost on a power loss. This binary exists only to prove \
+             the chaos suite detects that loss."
         );
     }
     crate::metrics::install();
     let datadir = DataDir::open(&settings.data, &settings.cluster_id, settings.id)?;
-    let db = store::open_db_with(&datadir.db_path(), settings.write_buffer_bytes).with_context(|| {
-        format!(
-            "cannot open the database in {}; if it is corrupt, move the directory aside and let the node rejoin empty",
+    let (db, rejoining) = open_store(&settings, &datadir).await?;
+    let found = store::log::stored_marks(&db).map_err(|e| {
+        anyhow::anyhow!(
+            "reading the Raft state in {}: {e}",
             datadir.db_path().display()
         )
     })?;
+    let watermark =
+        store::watermark::Watermark::open(datadir.root(), found).with_context(|| {
+            format!(
+                "cannot write the watermark file in {}",
+                datadir.root().display()
+            )
+        })?;
     let sm = SmShared::open(db.clone(), datadir.snapshot_dir())?;
-    let log_store = LogStore::new(db.clone()).context("starting the log flusher thread")?;
+    let watermark_writer = std::thread::Builder::new()
+        .name("raftq-watermark".into())
+        .spawn({
+            let w = watermark.clone();
+            move || w.run_writer()
+        })
+        .context("starting the watermark thread")?;
+    let log_store = LogStore::with_watermark(db.clone(), watermark.clone())
+        .context("starting the log flusher thread")?;
     let committed = log_store.committed_index();
     let network = Network::new(
         settings.peer_http.clone(),
@@ -295,21 +333,17 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     .await
     .context("starting Raft")?;
 
-    if !raft.is_initialized().await.unwrap_or(true) {
-        if let Err(e) = refuse_wiped_voter(&settings).await {
-            let _ = raft.shutdown().await;
-            return Err(e);
-        }
-    }
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
         .with_context(|| format!("cannot listen on {}", settings.listen))?;
+    let clock = Arc::new(EntryClock::new(settings.id, settings.peers.len()));
     let proposer = Proposer::start(
         raft.clone(),
         ProposerLimits {
             max_commands: settings.max_entry_commands,
             ..ProposerLimits::default()
         },
+        clock.clone(),
     );
     let (shutdown_tx, _) = watch::channel(false);
     let node: AppState = Arc::new(Node {
@@ -320,6 +354,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         proposer,
         limits: crate::api::limits::Limits::new(&settings),
         committed,
+        clock,
         shutdown_tx,
         writes_in_flight: AtomicUsize::new(0),
         stopping_raft: AtomicBool::new(false),
@@ -379,9 +414,18 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         }
     };
 
-    tokio::spawn(bootstrap(node.clone()));
+    match rejoining.and_then(|m| m.grant) {
+        Some(grant) => {
+            tokio::spawn(crate::rejoin::finish_when_caught_up(node.clone(), grant));
+        }
+        // A new cluster forms only from nodes that are not rejoining one.
+        None => {
+            tokio::spawn(bootstrap(node.clone()));
+        }
+    }
     tokio::spawn(log_changes(node.clone()));
     tokio::spawn(ticker(node.clone()));
+    tokio::spawn(sample_clocks(node.clone()));
     tokio::spawn(snapshot_by_bytes(node.clone()));
     let fatal = watch_fatal(node.clone());
 
@@ -395,7 +439,171 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         }
     }
     shutdown(node, server_stop_tx, server, db, datadir).await;
+    watermark.stop();
+    let _ = watermark_writer.join();
     Ok(())
+}
+
+/// What it means for a store to have lost acknowledged data, and what happens next.
+fn damaged_message(settings: &Settings, what: &str) -> String {
+    format!(
+        "the data directory {dir} of node {id} is damaged: {what}. This node may have lost log \
+         entries or a vote it had acknowledged, so it must not vote until it holds the log \
+         again (it could help elect a leader that lacks acknowledged writes)",
+        dir = settings.data.display(),
+        id = settings.id,
+    )
+}
+
+/// Opens the node's store and makes sure it can be trusted; returns it, with the rejoin
+/// marker when the node is rejoining (see [`crate::rejoin`]).
+///
+/// A store that lost data this node had acknowledged (RocksDB finds damage, the log or vote is
+/// behind the durable watermark or behind what the leader recorded, or the store is empty while
+/// the cluster had replicated to this node) is set aside, and the node starts from an empty one
+/// as a learner: before Raft starts, the leader makes it one, and this node adopts the
+/// leader's term. A node with no other member to rejoin through refuses to start instead.
+async fn open_store(
+    settings: &Settings,
+    datadir: &DataDir,
+) -> anyhow::Result<(Arc<rocksdb::DB>, Option<crate::rejoin::Marker>)> {
+    let root = datadir.root();
+    let mut marker = crate::rejoin::pending(root)?;
+    let open = || store::open_db_with(&datadir.db_path(), settings.write_buffer_bytes);
+    let (db, lost) = match open() {
+        Ok(db) => {
+            let lost = match &marker {
+                // Already rejoining: what the store holds is what it caught up since.
+                Some(_) => None,
+                None => find_loss(settings, root, &db).await,
+            };
+            (Some(db), lost)
+        }
+        // What RocksDB found on disk is not what it wrote: checksums, sizes, missing files.
+        Err(e) if e.kind() == rocksdb::ErrorKind::Corruption => {
+            (None, Some(format!("RocksDB refuses to open it: {e}")))
+        }
+        // A full disk, permissions, a missing mount: nothing says the data is bad.
+        Err(e) => anyhow::bail!(
+            "cannot open the database in {}: {e}",
+            datadir.db_path().display()
+        ),
+    };
+    let db = match lost {
+        None => match db {
+            Some(db) => db,
+            None => open()?,
+        },
+        Some(what) => {
+            let message = damaged_message(settings, &what);
+            if !settings.peers.keys().any(|id| *id != settings.id) {
+                anyhow::bail!(
+                    "{message}. It has no other member to rejoin through: restore it from a \
+                     backup (docs/operations.md, \"Backup and restore\")"
+                );
+            }
+            // An empty store (a wiped directory) has nothing worth keeping.
+            let empty = db.as_deref().is_some_and(|db| {
+                store::log::stored_marks(db).is_ok_and(|m| m == store::watermark::Marks::default())
+            });
+            tracing::error!("{message}; rejoining as a learner");
+            drop(db);
+            let kept = match empty {
+                true => None,
+                false => datadir.set_aside().with_context(|| {
+                    format!("setting aside the damaged store in {}", root.display())
+                })?,
+            };
+            if let Some(kept) = &kept {
+                tracing::warn!(kept = %kept.display(), "the damaged store is kept for inspection");
+            }
+            let m = crate::rejoin::Marker {
+                reason: what,
+                kept: kept.map(|p| p.display().to_string()).unwrap_or_default(),
+                grant: None,
+            };
+            crate::rejoin::record(root, &m)?;
+            marker = Some(m);
+            open()?
+        }
+    };
+    if let Some(m) = &mut marker {
+        let grant = match m.grant {
+            Some(grant) => grant,
+            None => {
+                let grant = crate::rejoin::demote_self(settings).await;
+                m.grant = Some(grant);
+                crate::rejoin::record(root, m)?;
+                grant
+            }
+        };
+        let vote = crate::raft::Vote::new_committed(grant.term, grant.leader_id);
+        store::log::adopt_vote(&db, &vote)?;
+    }
+    Ok((db, marker))
+}
+
+/// Whether the store lost data this node had on disk or had acknowledged: `Some(what)` when it
+/// did. Checks the durable watermark (see [`store::watermark`]), then asks the peers: a store
+/// that is empty although the leader replicated to this node, or whose log ends before what
+/// the leader recorded this node acknowledged (the last moments before a crash, which the
+/// watermark may not have recorded yet), lost it. Only a leader of this node's term or a later
+/// one is believed (a deposed leader may remember entries that were rightly replaced).
+async fn find_loss(
+    settings: &Settings,
+    root: &std::path::Path,
+    db: &rocksdb::DB,
+) -> Option<String> {
+    let found = match store::log::stored_marks(db) {
+        Ok(found) => found,
+        Err(e) => return Some(format!("its Raft state cannot be read: {e}")),
+    };
+    match store::watermark::read(root) {
+        Err(e) => return Some(format!("its watermark cannot be read: {e}")),
+        Ok(Some(recorded)) => {
+            if let Err(what) = store::watermark::check(found, recorded) {
+                return Some(what);
+            }
+        }
+        Ok(None) => {}
+    }
+    let empty = found == store::watermark::Marks::default();
+    for (peer, url) in settings.peers.iter().filter(|(id, _)| **id != settings.id) {
+        let Ok(resp) = settings
+            .peer_http
+            .get(format!("{url}/raft/status"))
+            .header(SECRET_HEADER, &settings.cluster_secret)
+            .timeout(Duration::from_secs(1))
+            .send()
+            .await
+        else {
+            continue;
+        };
+        let v: serde_json::Value = resp.json().await.unwrap_or_default();
+        let matched = v["matched"][settings.id.to_string()].as_u64().unwrap_or(0);
+        if empty {
+            let is_voter = v["voters"]
+                .as_array()
+                .is_some_and(|ids| ids.iter().any(|id| id.as_u64() == Some(settings.id)));
+            if v["initialized"] == serde_json::Value::Bool(true) && is_voter && matched > 0 {
+                return Some(format!(
+                    "it is empty, but node {peer} replicated the log up to index {matched} to \
+                     this node before"
+                ));
+            }
+            continue;
+        }
+        let leads = v["leader_id"].as_u64() == Some(*peer);
+        let peer_term = v["term"].as_u64().unwrap_or(0);
+        if leads && peer_term >= found.vote_term && matched > found.log_index {
+            return Some(format!(
+                "its Raft log ends at index {}, but the leader, node {peer}, recorded that this \
+                 node had acknowledged the log up to index {matched}",
+                found.log_index
+            ));
+        }
+    }
+    None
 }
 
 /// Logs, at info, every change of leader or term and of the members as this node sees them,
@@ -484,10 +692,79 @@ async fn wait_for_signal() -> &'static str {
     }
 }
 
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+/// How often every node reads its peers' wall clocks for the entry clock's reference.
+const CLOCK_SAMPLE_EVERY: Duration = Duration::from_secs(1);
+
+/// Reads every other member's wall clock once a second (through `/raft/status`), for the entry
+/// clock's reference, and watches this node's own wall clock for jumps: each is logged and
+/// counted in `raftq_clock_jumps_total`; `raftq_clock_offset_ms` is how far this node's wall
+/// clock is from the cluster's.
+async fn sample_clocks(node: AppState) {
+    let mut shutdown = node.shutdown_rx();
+    let mut jumps = JumpDetector::default();
+    let jumps_total = metrics::counter!("raftq_clock_jumps_total");
+    let offset = metrics::gauge!("raftq_clock_offset_ms");
+    loop {
+        let peers: Vec<(NodeId, String)> = {
+            let m = node.raft.metrics();
+            let m = m.borrow_watched();
+            let membership = m.membership_config.membership();
+            let listed: Vec<(NodeId, String)> = membership
+                .nodes()
+                .map(|(id, n)| (*id, n.addr.clone()))
+                .collect();
+            if listed.is_empty() {
+                node.settings
+                    .peers
+                    .iter()
+                    .map(|(id, url)| (*id, url.clone()))
+                    .collect()
+            } else {
+                listed
+            }
+        };
+        node.clock.set_nodes(peers.len());
+        let reads = peers
+            .iter()
+            .filter(|(id, _)| *id != node.id)
+            .map(|(id, url)| read_clock(&node, *id, url));
+        futures::future::join_all(reads).await;
+        if let Some(jump_ms) = jumps.check() {
+            jumps_total.increment(1);
+            tracing::warn!(
+                jump_ms,
+                "this node's wall clock jumped; the entry clock keeps to the monotonic clock \
+                 and the cluster's median wall clock"
+            );
+        }
+        offset.set(node.clock.offset_ms() as f64);
+        tokio::select! {
+            _ = tokio::time::sleep(CLOCK_SAMPLE_EVERY) => {}
+            _ = shutdown.changed() => return,
+        }
+    }
+}
+
+/// One reading of peer `id`'s wall clock.
+async fn read_clock(node: &Node, id: NodeId, url: &str) {
+    let sent = Instant::now();
+    let Ok(resp) = node
+        .settings
+        .peer_http
+        .get(format!("{url}/raft/status"))
+        .header(SECRET_HEADER, &node.settings.cluster_secret)
+        .timeout(Duration::from_millis(500))
+        .send()
+        .await
+    else {
+        return;
+    };
+    let Ok(v) = resp.json::<serde_json::Value>().await else {
+        return;
+    };
+    if let Some(wall_us) = v["wall_us"].as_u64() {
+        node.clock.record_reading(id, wall_us, sent, Instant::now());
+    }
 }
 
 /// Snapshot policy by size: openraft triggers a snapshot after `snapshot_logs` entries; this
@@ -520,8 +797,12 @@ async fn ticker(node: AppState) {
     let mut shutdown = node.shutdown_rx();
     loop {
         applied.borrow_and_update();
-        let next_due = node.sm.view().state.next_due();
-        let now = now_ms();
+        let (next_due, applied_clock) = {
+            let view = node.sm.view();
+            (view.state.next_due(), view.state.clock_ms)
+        };
+        node.clock.raise_to(applied_clock);
+        let now = node.clock.now_ms();
         let wait = match next_due {
             Some(due)
                 if due <= now
@@ -557,44 +838,6 @@ async fn ticker(node: AppState) {
 
 /// Forms a new cluster: when no node has Raft state, the node with the lowest id initializes
 /// it with every peer as a voter. Restarted nodes already have state and skip this.
-/// A node with no Raft state must not come back as a voter that had replicated data before
-/// (its data directory was lost or wiped): with its log and vote gone it could vote for a
-/// candidate that lacks acknowledged writes. Asked before this node serves anything: when a
-/// peer (the leader) reports having replicated entries to this node id, start-up is refused
-/// with what to do instead.
-async fn refuse_wiped_voter(settings: &Settings) -> anyhow::Result<()> {
-    let http = &settings.peer_http;
-    for (peer, url) in settings.peers.iter().filter(|(id, _)| **id != settings.id) {
-        let Ok(resp) = http
-            .get(format!("{url}/raft/status"))
-            .header(SECRET_HEADER, &settings.cluster_secret)
-            .timeout(Duration::from_secs(1))
-            .send()
-            .await
-        else {
-            continue;
-        };
-        let v: serde_json::Value = resp.json().await.unwrap_or_default();
-        let is_voter = v["voters"]
-            .as_array()
-            .is_some_and(|ids| ids.iter().any(|id| id.as_u64() == Some(settings.id)));
-        let matched = v["matched"][settings.id.to_string()].as_u64().unwrap_or(0);
-        if v["initialized"] == serde_json::Value::Bool(true) && is_voter && matched > 0 {
-            anyhow::bail!(
-                "this node's data directory {} has no Raft state, but node {peer} replicated \
-                 the log up to index {matched} to node {id} before: node {id} lost its data. A \
-                 voter that lost its data must not rejoin under its old id (it could help elect \
-                 a leader that lacks acknowledged writes). Start it with a new --id and an empty \
-                 data directory, add it with `raftq cluster add`, promote it with `raftq \
-                 cluster promote`, then remove node {id} with `raftq cluster remove {id}`",
-                settings.data.display(),
-                id = settings.id,
-            );
-        }
-    }
-    Ok(())
-}
-
 async fn bootstrap(node: AppState) {
     let lowest = node.settings.peers.keys().next().copied();
     if lowest != Some(node.id) {

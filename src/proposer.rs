@@ -23,6 +23,7 @@ use openraft::error::ClientWriteError;
 use openraft::impls::ProgressResponder;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
+use crate::clock::EntryClock;
 use crate::raft::{NodeId, Raft};
 use crate::state::{Batch, Command, CommandResult, CommitPoint, LogPayload};
 
@@ -93,17 +94,16 @@ pub struct Proposer {
     tx: mpsc::Sender<Pending>,
 }
 
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
+/// Longest the first proposal of a process waits for the entry clock to have read a majority
+/// of the cluster's clocks; then it stamps what it has.
+const CLOCK_SYNC_WAIT: Duration = Duration::from_secs(2);
 
 impl Proposer {
-    /// Starts the batching task. It ends when every `Proposer` handle is dropped.
-    pub fn start(raft: Raft, limits: ProposerLimits) -> Proposer {
+    /// Starts the batching task, stamping entries with `clock`. It ends when every `Proposer`
+    /// handle is dropped.
+    pub fn start(raft: Raft, limits: ProposerLimits, clock: Arc<EntryClock>) -> Proposer {
         let (tx, rx) = mpsc::channel(limits.queue);
-        tokio::spawn(run(raft, rx, limits));
+        tokio::spawn(run(raft, rx, limits, clock));
         Proposer { tx }
     }
 
@@ -276,7 +276,14 @@ impl<T> Order<T> {
     }
 }
 
-async fn run(raft: Raft, mut rx: mpsc::Receiver<Pending>, limits: ProposerLimits) {
+async fn run(
+    raft: Raft,
+    mut rx: mpsc::Receiver<Pending>,
+    limits: ProposerLimits,
+    clock: Arc<EntryClock>,
+) {
+    // The first stamp anchors the entry clock: it waits (briefly) for a majority's clocks.
+    let mut anchored = false;
     let permits = Arc::new(Semaphore::new(limits.in_flight));
     let mut order: Order<Pending> = Order::new();
     // Admitted in order, not yet in an entry.
@@ -330,8 +337,15 @@ async fn run(raft: Raft, mut rx: mpsc::Receiver<Pending>, limits: ProposerLimits
             batch.into_iter().map(|p| (p.command, p.reply)).unzip();
         metrics::histogram!("raftq_entry_commands").record(commands.len() as f64);
         metrics::histogram!("raftq_entry_bytes").record(bytes as f64);
+        if !anchored && !clock.wait_synced(CLOCK_SYNC_WAIT).await {
+            tracing::warn!(
+                "stamping the first entry before this node has read the clocks of a majority \
+                 of the cluster: the entry clock starts from this node's wall clock"
+            );
+        }
+        anchored = true;
         let payload = LogPayload::V1(Batch {
-            time_ms: now_ms(),
+            time_ms: clock.stamp_ms(),
             commands,
         });
         let (responder, _commit, receiver) = ProgressResponder::new();

@@ -15,6 +15,8 @@ const WRITER: &str = "rq_test_writer_0e8f21aa";
 const READER: &str = "rq_test_reader_7c33d9b5";
 /// admin, but only of the `scratch-*` topics.
 const SCRATCH: &str = "rq_test_scratch_19fe02c4";
+/// consume on `orders.*` and publish on `orders.dlq` only: may name that dead-letter topic.
+const DEAD_LETTERS: &str = "rq_test_dead_letters_5a90e1";
 
 fn tokens_file() -> String {
     common::tokens_toml(&[
@@ -22,6 +24,11 @@ fn tokens_file() -> String {
         ("writer", WRITER, "publish:orders.*"),
         ("reader", READER, "consume:orders.*"),
         ("scratch", SCRATCH, "admin:scratch-*"),
+        (
+            "dead-letters",
+            DEAD_LETTERS,
+            "consume:orders.* publish:orders.dlq",
+        ),
     ])
 }
 
@@ -91,6 +98,20 @@ fn cases() -> Vec<Case> {
             "/v1/topics/orders.eu/subscriptions/s2",
             Some(json!({})),
             Some(WRITER),
+        ),
+        // Naming a dead-letter topic needs publish there: consume on the subscription's own
+        // topic is not enough (a dead letter appends to the other topic).
+        case(
+            Method::PUT,
+            "/v1/topics/orders.eu/subscriptions/s3",
+            Some(json!({"dead_letter_topic": "scratch-1"})),
+            Some(READER),
+        ),
+        case(
+            Method::PUT,
+            "/v1/topics/orders.eu/subscriptions/s3",
+            Some(json!({"dead_letter_topic": "scratch-1"})),
+            Some(DEAD_LETTERS),
         ),
         case(
             Method::GET,
@@ -348,4 +369,18 @@ async fn every_endpoint_refuses_missing_wrong_and_ungranted_tokens_and_changes_n
         .unwrap_or("")
         .to_string();
     assert!(!ct.starts_with(PROBLEM_JSON), "healthz answered a problem");
+
+    // With publish on the dead-letter topic as well, the same subscription can be made.
+    c.create_topic("orders.dlq").await;
+    let req = bare
+        .put(format!(
+            "{}/v1/topics/orders.eu/subscriptions/s3",
+            c.url(leader)
+        ))
+        .header(AUTHORIZATION, format!("Bearer {DEAD_LETTERS}"))
+        .json(&json!({"dead_letter_topic": "orders.dlq"}));
+    let resp = c
+        .send(req, "a subscription naming a granted dead-letter topic")
+        .await;
+    assert_eq!(resp.status().as_u16(), 201, "{:?}", resp.text().await);
 }

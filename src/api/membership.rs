@@ -140,7 +140,7 @@ pub async fn add_node(
 }
 
 /// Waits until `id` has replicated the leader's log as it was when the wait began.
-async fn wait_caught_up(node: &AppState, id: NodeId) -> Result<(), ApiError> {
+pub(crate) async fn wait_caught_up(node: &AppState, id: NodeId) -> Result<(), ApiError> {
     let mut rx = node.raft.metrics();
     let target = rx.borrow_watched().last_log_index;
     let deadline = Instant::now() + CATCH_UP_TIMEOUT;

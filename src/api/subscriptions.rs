@@ -8,6 +8,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
+use axum::Extension;
 use axum::Json;
 use raftq_client::api::{
     AckRequest, CursorRequest, CursorResponse, ErrorCode, ExtendRequest, Message, NackRequest,
@@ -19,7 +20,7 @@ use raftq_client::api::{
 use super::error::ApiError;
 use super::openapi::responses::*;
 use super::records::api_value;
-use super::{check_name, parse_json, TopicName};
+use super::{check_name, parse_json, Access, TopicName};
 use crate::node::AppState;
 use crate::state::{
     Command, CreateSub, Delivery, Outcome, Pull, Receipt, ReceiptAction, ReceiptOutcome, SetCursor,
@@ -174,12 +175,18 @@ pub(crate) fn parse_optional<T: serde::de::DeserializeOwned + Default>(
 )]
 pub async fn create(
     State(node): State<AppState>,
+    Extension(access): Extension<Access>,
     SubPath(sub): SubPath,
     uri: Uri,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let config: SubscriptionConfig = parse_optional(&body?)?;
     let settings = settings_from_api(&config)?;
+    // A dead letter appends to the dead-letter topic: whoever names one must be allowed to
+    // publish there, or `consume` on one topic would be `publish` on any other.
+    if let Some(dlq) = &settings.dead_letter_topic {
+        access.require(crate::auth::Action::Publish, dlq)?;
+    }
     let cmd = Command::CreateSubscription(CreateSub {
         topic: sub.topic.clone(),
         name: sub.name.clone(),
@@ -266,12 +273,6 @@ pub async fn delete(
     Ok(StatusCode::NO_CONTENT)
 }
 
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
 /// Lease records
 ///
 /// Leases records through Raft; long-polls (`wait_ms`) until at least one can be leased or the
@@ -344,7 +345,7 @@ pub async fn pull(
                 .get(&sub.topic)
                 .map_or(0, |t| t.next_offset);
             match view.state.sub(&sub.topic, &sub.name) {
-                Some(s) => s.has_available(hw, now_ms()),
+                Some(s) => s.has_available(hw, node.clock.now_ms()),
                 None => true,
             }
         } || !node.is_leader();

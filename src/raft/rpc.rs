@@ -21,7 +21,7 @@ use super::network::{SnapshotHeader, SECRET_HEADER};
 use crate::api::error::ApiError;
 use crate::codec;
 use crate::node::AppState;
-use crate::raft::{Raft, Snapshot, SnapshotData, TypeConfig};
+use crate::raft::{NodeId, Raft, Snapshot, SnapshotData, TypeConfig};
 use crate::store::{snapshot, StateMachineStore};
 
 /// Constant-time comparison, so a wrong secret's timing says nothing about the right one.
@@ -94,11 +94,26 @@ async fn append(
     .await
 }
 
+/// A node rejoining after it lost data does not vote (see [`crate::rejoin`]): it could help
+/// elect a leader that lacks entries it once acknowledged. Unreachable, as far as candidates
+/// can tell.
+fn refuse_vote_while_rejoining(s: &AppState) -> Result<(), ApiError> {
+    if crate::rejoin::is_rejoining(s) {
+        return Err(ApiError::internal(
+            "this node is rejoining after losing data and does not vote until it has caught up",
+        )
+        .with_status(503));
+    }
+    Ok(())
+}
+
 async fn vote(
     State(s): State<AppState>,
     h: HeaderMap,
     body: RpcBody,
 ) -> Result<Response, ApiError> {
+    authorize(&s, &h)?;
+    refuse_vote_while_rejoining(&s)?;
     serve_rpc(s, h, body, |raft, req| async move { raft.vote(req).await }).await
 }
 
@@ -107,6 +122,8 @@ async fn pre_vote(
     h: HeaderMap,
     body: RpcBody,
 ) -> Result<Response, ApiError> {
+    authorize(&s, &h)?;
+    refuse_vote_while_rejoining(&s)?;
     serve_rpc(
         s,
         h,
@@ -235,6 +252,45 @@ async fn elect(State(state): State<AppState>, headers: HeaderMap) -> Result<Resp
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
+#[derive(serde::Deserialize)]
+struct RejoinRequest {
+    id: NodeId,
+}
+
+/// `/raft/rejoin`: a node that lost data asks to be made a learner (leader only).
+async fn rejoin(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    authorize(&state, &headers)?;
+    let req: RejoinRequest = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::invalid(format!("rejoin request: {e}")))?;
+    match crate::rejoin::demote(&state, req.id).await {
+        Ok(grant) => {
+            // Its log went back to nothing: replicate to it from the start, by snapshot.
+            let _ = state.raft.trigger().allow_next_revert(&req.id, true).await;
+            Ok(axum::Json(grant).into_response())
+        }
+        Err(why) => Err(ApiError::internal(why).with_status(503)),
+    }
+}
+
+/// `/raft/promote`: a rejoining node that caught up asks to vote again (leader only).
+async fn promote(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    authorize(&state, &headers)?;
+    let req: RejoinRequest = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::invalid(format!("promote request: {e}")))?;
+    crate::rejoin::promote(&state, req.id)
+        .await
+        .map_err(|why| ApiError::internal(why).with_status(503))?;
+    Ok(axum::Json(serde_json::json!({ "id": req.id })).into_response())
+}
+
 /// Whether this node has Raft state (used by the bootstrap of a new cluster).
 async fn status(State(state): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
     authorize(&state, &headers)?;
@@ -255,10 +311,15 @@ async fn status(State(state): State<AppState>, headers: HeaderMap) -> Result<Res
     Ok(axum::Json(serde_json::json!({
         "node_id": state.id,
         "initialized": initialized,
+        "term": m.current_term,
+        "leader_id": m.current_leader,
+        "last_log_index": m.last_log_index.unwrap_or(0),
         "voters": voters,
         "matched": matched,
         // The last log index removed from this node's log (behind its snapshot).
         "purged": m.purged.map_or(0, |l| l.index),
+        // This node's wall clock, for the peers' entry clocks (crate::clock).
+        "wall_us": crate::clock::wall_us(),
     }))
     .into_response())
 }
@@ -271,6 +332,8 @@ pub fn router(state: AppState) -> Router {
         .route("/raft/pre-vote", post(pre_vote))
         .route("/raft/snapshot", post(snapshot))
         .route("/raft/status", get(status))
+        .route("/raft/rejoin", post(rejoin))
+        .route("/raft/promote", post(promote))
         .route("/raft/elect", post(elect))
         .layer(DefaultBodyLimit::max(limit))
         .with_state(state)

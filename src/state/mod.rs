@@ -233,10 +233,54 @@ impl SmState {
     }
 }
 
-/// Reads a stored record during apply (dead-lettering copies one). `pending` holds the writes
-/// of this apply that are not in storage yet, newest last.
+/// Reads a stored record during apply (dead-lettering copies one, retention by bytes and age
+/// looks at each). `pending` holds the writes of this apply that are not in storage yet,
+/// newest last.
+///
+/// `Ok(None)` means the record does not exist. A record that cannot be read or decoded is an
+/// `Err`: apply never decides anything from a failed read (one replica would decide
+/// differently from the others), it stops instead.
 pub trait RecordSource {
-    fn record(&self, pending: &[Write], topic_id: u64, offset: u64) -> Option<StoredRecord>;
+    fn record(
+        &self,
+        pending: &[Write],
+        topic_id: u64,
+        offset: u64,
+    ) -> Result<Option<StoredRecord>, ReadFault>;
+}
+
+/// A record apply needed could not be read from storage, or is missing although the topic's
+/// offsets say it exists. The store cannot be trusted: the node must stop, not go on with a
+/// guess.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("record {offset} of topic id {topic_id} cannot be read during apply: {reason}")]
+pub struct ReadFault {
+    pub topic_id: u64,
+    pub offset: u64,
+    pub reason: String,
+}
+
+impl ReadFault {
+    /// The record must exist (it lies between its topic's first and next offset) but does not.
+    pub fn missing(topic_id: u64, offset: u64) -> Self {
+        ReadFault {
+            topic_id,
+            offset,
+            reason: "the record is missing although its topic holds that offset".into(),
+        }
+    }
+}
+
+/// Reads a record that must exist: a missing one is a [`ReadFault`].
+pub(crate) fn existing_record(
+    source: &dyn RecordSource,
+    pending: &[Write],
+    topic_id: u64,
+    offset: u64,
+) -> Result<StoredRecord, ReadFault> {
+    source
+        .record(pending, topic_id, offset)?
+        .ok_or_else(|| ReadFault::missing(topic_id, offset))
 }
 
 /// Finds a record among not-yet-stored writes, newest first.
@@ -277,29 +321,32 @@ pub enum Write {
 }
 
 /// Applies one normal entry at `index`. Pure: see the module docs.
+///
+/// An `Err` is a storage fault met while reading a record: the state and `writes` are then
+/// half-applied and must be thrown away (the caller reloads the state from storage and stops).
 pub fn apply_entry(
     state: &mut SmState,
     source: &dyn RecordSource,
     index: u64,
     batch: &Batch,
     writes: &mut Vec<Write>,
-) -> ApplyResponse {
+) -> Result<ApplyResponse, ReadFault> {
     state.clock_ms = state.clock_ms.max(batch.time_ms);
-    subscriptions::settle(state, source, writes);
+    subscriptions::settle(state, source, writes)?;
     state.expire_producers(writes);
     let results = batch
         .commands
         .iter()
         .map(|cmd| apply_command(state, source, index, cmd, writes))
-        .collect();
-    retention::enforce(state, source, writes);
-    ApplyResponse {
+        .collect::<Result<_, _>>()?;
+    retention::enforce(state, source, writes)?;
+    Ok(ApplyResponse {
         commit_point: CommitPoint {
             index,
             time_ms: state.clock_ms,
         },
         results,
-    }
+    })
 }
 
 fn apply_command(
@@ -308,8 +355,8 @@ fn apply_command(
     index: u64,
     cmd: &Command,
     writes: &mut Vec<Write>,
-) -> CommandResult {
-    match cmd {
+) -> Result<CommandResult, ReadFault> {
+    Ok(match cmd {
         Command::CreateTopic(c) => topics::create(state, c, writes),
         Command::DeleteTopic(c) => topics::delete(state, c, writes),
         Command::Publish(c) => publish::publish(state, c, writes),
@@ -317,10 +364,12 @@ fn apply_command(
         Command::CreateSubscription(c) => subscriptions::create(state, c, writes),
         Command::DeleteSubscription(c) => subscriptions::delete(state, c, writes),
         Command::Pull(c) => subscriptions::pull(state, c, writes),
-        Command::SettleReceipts(c) => subscriptions::settle_receipts(state, source, c, writes),
+        Command::SettleReceipts(c) => {
+            return subscriptions::settle_receipts(state, source, c, writes)
+        }
         Command::SetCursor(c) => subscriptions::set_cursor(state, c, writes),
         Command::Broadcast(c) => publish::broadcast(state, index, c, writes),
-    }
+    })
 }
 
 #[cfg(test)]

@@ -164,7 +164,8 @@ fn batches_of_one_producer_in_one_entry_apply_in_order() {
             ],
         },
         &mut writes,
-    );
+    )
+    .expect("no record read fails");
     assert_eq!(
         resp.results,
         vec![
@@ -201,7 +202,8 @@ fn idle_producers_are_forgotten_by_log_time() {
             commands: vec![Command::Tick],
         },
         &mut writes,
-    );
+    )
+    .expect("no record read fails");
     assert!(writes.contains(&Write::DeleteProducer {
         topic: "t".into(),
         producer_id: "p".into(),

@@ -17,7 +17,7 @@
 //! looks only at the first record, whose timestamp the topic keeps in memory; the leader
 //! ticks when it falls due ([`SmState::next_due`]).
 
-use super::{RecordSource, SmState, Write};
+use super::{ReadFault, RecordSource, SmState, Write};
 
 /// What the age rule needs: the time the first record becomes too old.
 pub fn age_due(meta: &super::TopicMeta) -> Option<u64> {
@@ -29,7 +29,11 @@ pub fn age_due(meta: &super::TopicMeta) -> Option<u64> {
 }
 
 /// Applies every topic's retention at the current clock.
-pub(super) fn enforce(state: &mut SmState, source: &dyn RecordSource, writes: &mut Vec<Write>) {
+pub(super) fn enforce(
+    state: &mut SmState,
+    source: &dyn RecordSource,
+    writes: &mut Vec<Write>,
+) -> Result<(), ReadFault> {
     let names: Vec<String> = state
         .topics
         .iter()
@@ -40,8 +44,9 @@ pub(super) fn enforce(state: &mut SmState, source: &dyn RecordSource, writes: &m
         // Moving a cursor up to the new first offset can carry it further (over records it
         // had already finished), which can raise the `until_acked` floor: go again until
         // nothing moves. Each round removes at least one record, so this ends.
-        while enforce_topic(state, source, &name, writes) {}
+        while enforce_topic(state, source, &name, writes)? {}
     }
+    Ok(())
 }
 
 /// One round of retention for topic `name`; true when it removed records.
@@ -50,14 +55,14 @@ fn enforce_topic(
     source: &dyn RecordSource,
     name: &str,
     writes: &mut Vec<Write>,
-) -> bool {
+) -> Result<bool, ReadFault> {
     let now = state.clock_ms;
     let until_acked_floor = match state.topics.get(name) {
         Some(meta) if meta.settings.until_acked => state.subs_of(name).map(|s| s.cursor).min(),
         _ => None,
     };
     let Some(meta) = state.topics.get(name) else {
-        return false;
+        return Ok(false);
     };
     let (topic_id, start, end) = (meta.id, meta.first_offset, meta.next_offset);
     let settings = meta.settings;
@@ -83,11 +88,9 @@ fn enforce_topic(
                     .is_some_and(|age| ts.saturating_add(age) <= now))
     };
     while needs_walk(offset, bytes, first_ts) {
-        let Some(record) = source.record(writes, topic_id, offset) else {
-            // A record that should be there is not: leave the topic alone rather than
-            // guess (the storage layer reports corruption on its own reads).
-            return false;
-        };
+        // Every offset from the first to the next holds a record: one that cannot be read is
+        // a storage fault, never a reason to decide differently from the other replicas.
+        let record = super::existing_record(source, writes, topic_id, offset)?;
         let size = super::stored_size(&record);
         if offset >= first {
             // Only the byte or age rule still removes: check the record itself.
@@ -110,13 +113,11 @@ fn enforce_topic(
         if let Some(meta) = state.topics.get_mut(name) {
             meta.first_timestamp_ms = first_ts;
         }
-        return false;
+        return Ok(false);
     }
     // The timestamp of the new first record, if there is one.
     if new_first < end {
-        if let Some(r) = source.record(writes, topic_id, new_first) {
-            first_ts = r.timestamp_ms;
-        }
+        first_ts = super::existing_record(source, writes, topic_id, new_first)?.timestamp_ms;
     }
     let removed = new_first - start;
     let sub_ids: Vec<u64> = state.subs_of(name).map(|s| s.id).collect();
@@ -124,7 +125,7 @@ fn enforce_topic(
         super::subscriptions::trim(state, id, new_first, writes);
     }
     let Some(meta) = state.topics.get_mut(name) else {
-        return false;
+        return Ok(false);
     };
     meta.first_offset = new_first;
     meta.first_timestamp_ms = first_ts;
@@ -136,5 +137,5 @@ fn enforce_topic(
         to: new_first,
     });
     writes.push(Write::PutTopic(name.to_string()));
-    true
+    Ok(true)
 }

@@ -13,7 +13,9 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::ranges::RangeSet;
-use super::{ApplyError, CommandResult, Outcome, RecordSource, SmState, StoredRecord, Write};
+use super::{
+    ApplyError, CommandResult, Outcome, ReadFault, RecordSource, SmState, StoredRecord, Write,
+};
 
 /// Lease length when neither the pull nor the subscription sets one.
 pub const DEFAULT_ACK_TIMEOUT_MS: u64 = 30_000;
@@ -367,7 +369,11 @@ pub(super) fn delete(state: &mut SmState, cmd: &SubRef, writes: &mut Vec<Write>)
 }
 
 /// Ends every lease and delay that fell due at `now`. Runs before every entry's commands.
-pub(super) fn settle(state: &mut SmState, source: &dyn RecordSource, writes: &mut Vec<Write>) {
+pub(super) fn settle(
+    state: &mut SmState,
+    source: &dyn RecordSource,
+    writes: &mut Vec<Write>,
+) -> Result<(), ReadFault> {
     let now = state.clock_ms;
     while let Some(&(due, id, offset)) = state.due.first() {
         if due > now {
@@ -391,7 +397,7 @@ pub(super) fn settle(state: &mut SmState, source: &dyn RecordSource, writes: &mu
                     lease.delivery_count,
                     Some(lease.lease_id),
                     due,
-                );
+                )?;
             }
             // A nack delay ended: the record is available now; nothing to change, but the
             // entry that got here woke every waiting pull.
@@ -399,6 +405,7 @@ pub(super) fn settle(state: &mut SmState, source: &dyn RecordSource, writes: &mu
         }
         writes.push(Write::PutSub(id));
     }
+    Ok(())
 }
 
 /// A delivery ended without an ack (expired or nacked): the record becomes available again
@@ -413,9 +420,9 @@ fn fail_delivery(
     delivery_count: u32,
     lease_id: Option<u64>,
     not_before_ms: u64,
-) -> ReceiptOutcome {
+) -> Result<ReceiptOutcome, ReadFault> {
     let Some(sub) = state.subs.get_mut(&id) else {
-        return ReceiptOutcome::Stale;
+        return Ok(ReceiptOutcome::Stale);
     };
     if sub
         .settings
@@ -430,8 +437,8 @@ fn fail_delivery(
             offset,
             DeadReason::MaxDeliveries,
             delivery_count,
-        );
-        return ReceiptOutcome::DeadLettered;
+        )?;
+        return Ok(ReceiptOutcome::DeadLettered);
     }
     sub.pending.insert(
         offset,
@@ -444,7 +451,7 @@ fn fail_delivery(
     if not_before_ms > state.clock_ms {
         state.due.insert((not_before_ms, id, offset));
     }
-    ReceiptOutcome::Released
+    Ok(ReceiptOutcome::Released)
 }
 
 /// Marks `offset` done and appends the record to the dead-letter topic (or counts it
@@ -458,10 +465,10 @@ fn dead_letter(
     offset: u64,
     reason: DeadReason,
     delivery_count: u32,
-) {
+) -> Result<(), ReadFault> {
     let clock = state.clock_ms;
     let Some(sub) = state.subs.get_mut(&id) else {
-        return;
+        return Ok(());
     };
     sub.done.insert(offset);
     sub.advance_cursor();
@@ -470,7 +477,13 @@ fn dead_letter(
     let sub_name = sub.name.clone();
     let dlq = sub.settings.dead_letter_topic.clone();
     let origin_id = state.topics.get(&origin_topic).map(|t| t.id);
-    let record = origin_id.and_then(|tid| source.record(writes, tid, offset));
+    let dlq = dlq.filter(|d| state.topics.contains_key(d));
+    // Read only when there is somewhere to copy it to. The record lies at or above the
+    // subscription's cursor, so its topic still holds it: missing is a storage fault.
+    let record = match (&dlq, origin_id) {
+        (Some(_), Some(tid)) => Some(super::existing_record(source, writes, tid, offset)?),
+        _ => None,
+    };
     let target = dlq.and_then(|d| state.topics.get_mut(&d).map(|meta| (d, meta)));
     let appended = match (target, record) {
         (Some((dlq, meta)), Some(original)) => {
@@ -498,7 +511,7 @@ fn dead_letter(
         _ => false,
     };
     let Some(sub) = state.subs.get_mut(&id) else {
-        return;
+        return Ok(());
     };
     match (appended, reason) {
         (true, _) => sub.counters.dead_lettered += 1,
@@ -514,6 +527,7 @@ fn dead_letter(
             writes.push(Write::PutTopic(origin_topic_name));
         }
     }
+    Ok(())
 }
 
 pub(super) fn pull(state: &mut SmState, cmd: &Pull, writes: &mut Vec<Write>) -> CommandResult {
@@ -620,26 +634,35 @@ pub(super) fn settle_receipts(
     source: &dyn RecordSource,
     cmd: &SettleReceipts,
     writes: &mut Vec<Write>,
-) -> CommandResult {
-    let id = find(state, &cmd.sub)?;
+) -> Result<CommandResult, ReadFault> {
+    let id = match find(state, &cmd.sub) {
+        Ok(id) => id,
+        Err(refused) => return Ok(Err(refused)),
+    };
     match &cmd.action {
         ReceiptAction::Nack { delay_ms, .. }
             if *delay_ms > raftq_client::api::MAX_NACK_DELAY_MS =>
         {
-            return Err(ApplyError::InvalidArgument(format!(
+            return Ok(Err(ApplyError::InvalidArgument(format!(
                 "delay_ms must be at most {}",
                 raftq_client::api::MAX_NACK_DELAY_MS
-            )))
+            ))))
         }
         ReceiptAction::Extend {
             ack_timeout_ms: Some(ms),
-        } => validate_timeout(*ms)?,
+        } => {
+            if let Err(refused) = validate_timeout(*ms) {
+                return Ok(Err(refused));
+            }
+        }
         _ => {}
     }
     let now = state.clock_ms;
     let mut results = Vec::with_capacity(cmd.receipts.len());
     for r in &cmd.receipts {
-        let sub = state.subs.get_mut(&id).ok_or_else(|| not_found(&cmd.sub))?;
+        let Some(sub) = state.subs.get_mut(&id) else {
+            return Ok(Err(not_found(&cmd.sub)));
+        };
         let Some(delivery) = live(sub, r) else {
             results.push(ReceiptOutcome::Stale);
             continue;
@@ -688,7 +711,7 @@ pub(super) fn settle_receipts(
                     r.offset,
                     DeadReason::Nack,
                     delivery_count,
-                );
+                )?;
                 ReceiptOutcome::DeadLettered
             }
             ReceiptAction::Nack { delay_ms, .. } => fail_delivery(
@@ -700,12 +723,12 @@ pub(super) fn settle_receipts(
                 delivery_count,
                 None,
                 now.saturating_add(*delay_ms),
-            ),
+            )?,
         };
         results.push(outcome);
     }
     writes.push(Write::PutSub(id));
-    Ok(Outcome::Receipts(results))
+    Ok(Ok(Outcome::Receipts(results)))
 }
 
 pub(super) fn set_cursor(

@@ -12,9 +12,14 @@ use super::*;
 pub(super) struct Records(pub(super) BTreeMap<(u64, u64), StoredRecord>);
 
 impl RecordSource for Records {
-    fn record(&self, pending: &[Write], topic_id: u64, offset: u64) -> Option<StoredRecord> {
-        pending_record(pending, topic_id, offset)
-            .or_else(|| self.0.get(&(topic_id, offset)).cloned())
+    fn record(
+        &self,
+        pending: &[Write],
+        topic_id: u64,
+        offset: u64,
+    ) -> Result<Option<StoredRecord>, ReadFault> {
+        Ok(pending_record(pending, topic_id, offset)
+            .or_else(|| self.0.get(&(topic_id, offset)).cloned()))
     }
 }
 
@@ -49,7 +54,8 @@ impl Harness {
             self.index,
             &batch,
             &mut writes,
-        );
+        )
+        .expect("no record read fails");
         for w in writes {
             match w {
                 Write::PutRecord {
@@ -769,4 +775,116 @@ fn receipts_parse_strictly() {
     for bad in ["", "1.2", "1.2.3.4", "a.b.c", "1..3", "-1.2.3", "1.2.3 "] {
         assert_eq!(Receipt::parse(bad), None, "{bad:?}");
     }
+}
+
+/// A record store whose stored records cannot be read (a corrupt block, a failed disk), or
+/// are missing: what apply must stop on rather than decide from.
+struct Unreadable<'a> {
+    records: &'a Records,
+    missing: bool,
+}
+
+impl RecordSource for Unreadable<'_> {
+    fn record(
+        &self,
+        pending: &[Write],
+        topic_id: u64,
+        offset: u64,
+    ) -> Result<Option<StoredRecord>, ReadFault> {
+        if let Some(r) = pending_record(pending, topic_id, offset) {
+            return Ok(Some(r));
+        }
+        if self.missing {
+            return Ok(None);
+        }
+        let _ = self.records;
+        Err(ReadFault {
+            topic_id,
+            offset,
+            reason: "checksum mismatch".into(),
+        })
+    }
+}
+
+/// Applies `cmd`, `after_ms` after the harness's clock, against a record store whose reads
+/// fail (or find nothing).
+fn apply_unreadable(
+    h: &mut Harness,
+    after_ms: u64,
+    cmd: Command,
+    missing: bool,
+) -> Result<(), ReadFault> {
+    let batch = Batch {
+        time_ms: h.clock + after_ms,
+        commands: vec![cmd],
+    };
+    let source = Unreadable {
+        records: &h.records,
+        missing,
+    };
+    apply_entry(&mut h.state, &source, h.index + 1, &batch, &mut Vec::new()).map(|_| ())
+}
+
+/// Every path of apply that reads a stored record stops with a storage fault when the read
+/// fails or the record is missing: a dead letter by nack, one by `max_deliveries` on lease
+/// expiry, and retention by age. None of them decides anything from the failed read.
+#[test]
+fn apply_stops_on_a_record_it_cannot_read() {
+    for missing in [false, true] {
+        let mut h = Harness::new();
+        h.topic("t");
+        h.topic("dlq");
+        h.publish("t", &["a", "b"]);
+        h.subscribe("t", "s", settings(100, Some(1), Some("dlq")));
+        let d = h.pull(2, None);
+        let nack = Command::SettleReceipts(SettleReceipts {
+            sub: sref(),
+            action: ReceiptAction::Nack {
+                delay_ms: 0,
+                dead_letter: true,
+            },
+            receipts: vec![d[0].receipt],
+        });
+        // A failed apply leaves the state half-applied (the store reloads it): each path is
+        // tried on a copy of the same starting point.
+        let start = h.state.clone();
+        let fault = apply_unreadable(&mut h, 0, nack, missing)
+            .expect_err("a dead letter whose record cannot be read");
+        assert_eq!((fault.topic_id, fault.offset), (0, 0), "{fault}");
+        // Both leases expire at max_deliveries 1: dead-lettered by the next entry.
+        h.state = start;
+        let fault = apply_unreadable(&mut h, 100, Command::Tick, missing)
+            .expect_err("an expiry dead letter whose record cannot be read");
+        assert_eq!(fault.offset, 0, "{fault}");
+
+        let mut h = Harness::new();
+        h.ok(Command::CreateTopic(CreateTopic {
+            name: "aged".into(),
+            settings: TopicSettings {
+                max_age_ms: Some(1_000),
+                ..TopicSettings::default()
+            },
+        }));
+        h.publish("aged", &["old"]);
+        let fault = apply_unreadable(&mut h, 5_000, Command::Tick, missing)
+            .expect_err("retention by age whose record cannot be read");
+        assert_eq!(fault.offset, 0, "{fault}");
+    }
+    // With readable records the same paths go through.
+    let mut h = Harness::new();
+    h.topic("t");
+    h.topic("dlq");
+    h.publish("t", &["a"]);
+    h.subscribe("t", "s", settings(100, Some(1), Some("dlq")));
+    let d = h.pull(1, None);
+    assert_eq!(
+        h.settle(
+            ReceiptAction::Nack {
+                delay_ms: 0,
+                dead_letter: true
+            },
+            vec![d[0].receipt]
+        ),
+        vec![ReceiptOutcome::DeadLettered]
+    );
 }

@@ -8,8 +8,13 @@ use super::*;
 struct NoRecords;
 
 impl RecordSource for NoRecords {
-    fn record(&self, pending: &[Write], topic_id: u64, offset: u64) -> Option<StoredRecord> {
-        pending_record(pending, topic_id, offset)
+    fn record(
+        &self,
+        pending: &[Write],
+        topic_id: u64,
+        offset: u64,
+    ) -> Result<Option<StoredRecord>, ReadFault> {
+        Ok(pending_record(pending, topic_id, offset))
     }
 }
 
@@ -48,7 +53,8 @@ fn run(state: &mut SmState, time_ms: u64, cmd: Command) -> (CommandResult, Vec<W
         1,
         &batch(time_ms, vec![cmd]),
         &mut writes,
-    );
+    )
+    .expect("no record read fails");
     assert_eq!(resp.results.len(), 1);
     (resp.results.into_iter().next().unwrap(), writes)
 }
@@ -276,14 +282,16 @@ fn clock_never_goes_back_and_commit_point_carries_it() {
         5,
         &batch(1000, vec![Command::Tick]),
         &mut w,
-    );
+    )
+    .expect("no record read fails");
     let r2 = apply_entry(
         &mut state,
         &NoRecords,
         6,
         &batch(400, vec![Command::Tick]),
         &mut w,
-    );
+    )
+    .expect("no record read fails");
     assert_eq!(
         r1.commit_point,
         CommitPoint {
@@ -320,7 +328,8 @@ fn one_entry_many_commands_each_answered_in_order() {
             ],
         ),
         &mut w,
-    );
+    )
+    .expect("no record read fails");
     assert_eq!(
         resp.results,
         vec![
@@ -361,8 +370,8 @@ proptest! {
         let (mut w1, mut w2) = (Vec::new(), Vec::new());
         let mut last_clock = 0;
         for (i, e) in entries.iter().enumerate() {
-            let r1 = apply_entry(&mut s1, &NoRecords, i as u64, e, &mut w1);
-            let r2 = apply_entry(&mut s2, &NoRecords, i as u64, e, &mut w2);
+            let r1 = apply_entry(&mut s1, &NoRecords, i as u64, e, &mut w1).expect("no record read fails");
+            let r2 = apply_entry(&mut s2, &NoRecords, i as u64, e, &mut w2).expect("no record read fails");
             prop_assert_eq!(&r1, &r2);
             prop_assert!(r1.commit_point.time_ms >= last_clock);
             last_clock = r1.commit_point.time_ms;

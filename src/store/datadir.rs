@@ -171,6 +171,31 @@ impl DataDir {
     pub fn snapshot_dir(&self) -> PathBuf {
         self.root.join("snapshots")
     }
+
+    /// Moves the node's store (the database, snapshots and watermark) aside into
+    /// `damaged-<ms since the epoch>/`, durably, so the node can start again from an empty one
+    /// while the damaged store is kept for inspection. The database must be closed. Returns
+    /// where it went (`None` when there was nothing to move).
+    pub fn set_aside(&self) -> std::io::Result<Option<PathBuf>> {
+        let parts = ["db", "snapshots", super::watermark::FILE];
+        if !parts.iter().any(|p| self.root.join(p).exists()) {
+            return Ok(None);
+        }
+        let millis = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis());
+        let aside = self.root.join(format!("damaged-{millis}"));
+        fs::create_dir(&aside)?;
+        for part in parts {
+            let from = self.root.join(part);
+            if from.exists() {
+                fs::rename(&from, aside.join(part))?;
+            }
+        }
+        sync_dir(&aside)?;
+        sync_dir(&self.root)?;
+        Ok(Some(aside))
+    }
 }
 
 /// Writes `name` in `dir` so that a crash leaves either no file or the whole file:

@@ -21,17 +21,21 @@ pub const RECEIVE_SYNCED: &str = "snapshot.receive.synced";
 pub const RECEIVE_RENAMED: &str = "snapshot.receive.renamed";
 /// A received snapshot is stored durably; the state machine is not replaced yet.
 pub const INSTALL_STORED: &str = "snapshot.install.stored";
+/// Loading a snapshot into the state machine: the first of several batches of its pairs is
+/// written (the snapshot's applied log id among them), the rest are not.
+pub const INSTALL_LOADING: &str = "snapshot.install.loading";
 /// The state machine was replaced; older snapshot files are not removed yet.
 pub const INSTALL_LOADED: &str = "snapshot.install.loaded";
 
 /// Every point of the snapshot build, in order.
 pub const BUILD: [&str; 3] = [BUILD_WRITTEN, BUILD_SYNCED, BUILD_RENAMED];
 /// Every point of receiving and installing a snapshot, in order.
-pub const INSTALL: [&str; 5] = [
+pub const INSTALL: [&str; 6] = [
     RECEIVE_WRITTEN,
     RECEIVE_SYNCED,
     RECEIVE_RENAMED,
     INSTALL_STORED,
+    INSTALL_LOADING,
     INSTALL_LOADED,
 ];
 

@@ -20,9 +20,11 @@ use std::sync::{mpsc, Arc};
 
 use openraft::entry::RaftEntry;
 use openraft::storage::{IOFlushed, LogState, RaftLogStorage};
+use openraft::vote::RaftLeaderId as _;
 use openraft::{OptionalSend, RaftLogReader};
 use rocksdb::{Direction, IteratorMode, WriteBatch, DB};
 
+use super::watermark::{Marks, Watermark};
 use super::{keys, CF_LOG, CF_RAFT};
 use crate::codec;
 use crate::raft::{to_io, Entry, LogId, StorageResult, TypeConfig, Vote};
@@ -38,14 +40,26 @@ pub struct LogStore {
     committed: Arc<AtomicU64>,
     /// Appends written but not yet reported flushed, in order, to the flusher thread.
     flusher: Arc<Flusher>,
+    /// What this node has had on disk, kept outside RocksDB (none in unit tests).
+    watermark: Option<Arc<Watermark>>,
+}
+
+/// One append waiting for the WAL fsync.
+struct Queued {
+    /// openraft's callback (`None` when it was told early: the negative control build).
+    callback: Option<IOFlushed<TypeConfig>>,
+    /// When it was written.
+    written: std::time::Instant,
+    /// Its last log index, and the watermark's truncation epoch when it was written.
+    last_index: u64,
+    epoch: u64,
 }
 
 /// The flusher thread and the queue to it. Dropping the last handle closes the queue and
 /// waits for the thread to end, so the thread's hold on the database ends before the drop
 /// returns: no thread is left closing RocksDB while the process exits.
 struct Flusher {
-    /// Each append's callback, with when it was written.
-    tx: Option<mpsc::Sender<(IOFlushed<TypeConfig>, std::time::Instant)>>,
+    tx: Option<mpsc::Sender<Queued>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -60,12 +74,18 @@ impl Drop for Flusher {
 }
 
 /// The flusher thread: waits for an append, takes every other append queued behind it, fsyncs
-/// the WAL once and reports all of them. It ends when the last `LogStore` clone is dropped.
-fn run_flusher(db: Arc<DB>, rx: mpsc::Receiver<(IOFlushed<TypeConfig>, std::time::Instant)>) {
+/// the WAL once and reports all of them (to openraft, and to the watermark). It ends when the
+/// last `LogStore` clone is dropped.
+fn run_flusher(db: Arc<DB>, rx: mpsc::Receiver<Queued>, watermark: Option<Arc<Watermark>>) {
     let fsync_seconds = metrics::histogram!("raftq_log_fsync_seconds");
     let append_seconds = metrics::histogram!("raftq_log_append_seconds");
     let fsyncs = metrics::counter!("raftq_log_fsyncs_total");
     while let Ok(first) = rx.recv() {
+        if cfg!(feature = "negative-control-unsafe-early-flush") {
+            // The negative control fsyncs on a timer, like a broker that flushes now and then;
+            // it has told openraft "flushed" already (see `append`).
+            std::thread::sleep(NEGATIVE_CONTROL_FSYNC_EVERY);
+        }
         let mut waiting = vec![first];
         waiting.extend(rx.try_iter());
         // Syncs the WAL files up to everything written so far, which includes every append
@@ -75,12 +95,20 @@ fn run_flusher(db: Arc<DB>, rx: mpsc::Receiver<(IOFlushed<TypeConfig>, std::time
         let done = std::time::Instant::now();
         fsync_seconds.record(done.duration_since(started).as_secs_f64());
         fsyncs.increment(1);
-        for (callback, written) in waiting {
-            append_seconds.record(done.duration_since(written).as_secs_f64());
-            callback.io_completed(result.clone().map_err(to_io));
+        for q in waiting {
+            append_seconds.record(done.duration_since(q.written).as_secs_f64());
+            if let (Ok(()), Some(w)) = (&result, &watermark) {
+                w.flushed(q.last_index, q.epoch);
+            }
+            if let Some(callback) = q.callback {
+                callback.io_completed(result.clone().map_err(to_io));
+            }
         }
     }
 }
+
+/// How often the negative control build fsyncs its log (it acknowledges before that).
+const NEGATIVE_CONTROL_FSYNC_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
 
 fn index_key(index: u64) -> [u8; 8] {
     index.to_be_bytes()
@@ -111,14 +139,78 @@ pub(crate) fn decode_entry(bytes: &[u8]) -> StorageResult<Entry> {
     }
 }
 
+/// What a store holds, to compare with its watermark: the last log index (of an entry, or
+/// the last purged one when the log is empty behind a snapshot) and the vote's term.
+pub fn stored_marks(db: &DB) -> StorageResult<Marks> {
+    let raft = db
+        .cf_handle(CF_RAFT)
+        .ok_or_else(|| to_io("column family raft missing"))?;
+    let meta =
+        |key: &[u8]| -> StorageResult<Option<Vec<u8>>> { db.get_cf(raft, key).map_err(to_io) };
+    // Stored as a plain log id by `purge` (and by a restore), absent before the first purge.
+    let last_purged: Option<LogId> = match meta(keys::LAST_PURGED)? {
+        Some(b) => {
+            Some(codec::decode(&b).map_err(|e| to_io(format!("corrupt last purged id: {e}")))?)
+        }
+        None => None,
+    };
+    let vote: Option<Vote> = match meta(keys::VOTE)? {
+        Some(b) => Some(codec::decode(&b).map_err(|e| to_io(format!("corrupt vote: {e}")))?),
+        None => None,
+    };
+    let log = db
+        .cf_handle(CF_LOG)
+        .ok_or_else(|| to_io("column family log missing"))?;
+    let last_entry = match db.iterator_cf(log, IteratorMode::End).next() {
+        None => None,
+        Some(Err(e)) => return Err(to_io(e)),
+        Some(Ok((k, _))) => Some(parse_index(&k)?),
+    };
+    Ok(Marks {
+        log_index: last_entry.or(last_purged.map(|l| l.index)).unwrap_or(0),
+        vote_term: vote.map_or(0, |v| v.leader_id().term()),
+    })
+}
+
+/// Makes `vote` the stored vote, durably, unless the stored one is of a later term: a node
+/// rejoining after it lost data takes the term of the leader that made it a learner before it
+/// starts Raft (see [`crate::rejoin`]).
+pub fn adopt_vote(db: &DB, vote: &Vote) -> StorageResult<()> {
+    let raft = db
+        .cf_handle(CF_RAFT)
+        .ok_or_else(|| to_io("column family raft missing"))?;
+    if let Some(bytes) = db.get_cf(raft, keys::VOTE).map_err(to_io)? {
+        let stored: Vote =
+            codec::decode(&bytes).map_err(|e| to_io(format!("corrupt vote: {e}")))?;
+        if stored.leader_id().term() >= vote.leader_id().term() {
+            return Ok(());
+        }
+    }
+    let mut batch = WriteBatch::default();
+    batch.put_cf(raft, keys::VOTE, codec::encode(vote).map_err(to_io)?);
+    db.write_opt(batch, &super::write_options(true))
+        .map_err(to_io)
+}
+
 impl LogStore {
     /// Opens the log store on `db` and starts its flusher thread.
     pub fn new(db: Arc<DB>) -> std::io::Result<Self> {
+        Self::start(db, None)
+    }
+
+    /// [`new`](Self::new), keeping `watermark` up to date with every fsync, vote and
+    /// truncation.
+    pub fn with_watermark(db: Arc<DB>, watermark: Arc<Watermark>) -> std::io::Result<Self> {
+        Self::start(db, Some(watermark))
+    }
+
+    fn start(db: Arc<DB>, watermark: Option<Arc<Watermark>>) -> std::io::Result<Self> {
         let (tx, rx) = mpsc::channel();
         let flush_db = db.clone();
+        let flush_watermark = watermark.clone();
         let thread = std::thread::Builder::new()
             .name("raftq-log-flush".into())
-            .spawn(move || run_flusher(flush_db, rx))?;
+            .spawn(move || run_flusher(flush_db, rx, flush_watermark))?;
         let store = LogStore {
             db,
             committed: Arc::new(AtomicU64::new(0)),
@@ -126,6 +218,7 @@ impl LogStore {
                 tx: Some(tx),
                 thread: Some(thread),
             }),
+            watermark,
         };
         if let Ok(Some(Some(c))) = store.get_meta::<Option<LogId>>(keys::COMMITTED) {
             store.committed.store(c.index, Ordering::Relaxed);
@@ -242,7 +335,16 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let mut batch = WriteBatch::default();
         let bytes = codec::encode(vote).map_err(to_io)?;
         batch.put_cf(self.cf(CF_RAFT)?, keys::VOTE, bytes);
-        self.write_synced(batch).await
+        self.write_synced(batch).await?;
+        // Then the watermark says a vote of this term was on disk: a store found later with
+        // an older vote lost it.
+        if let Some(w) = self.watermark.clone() {
+            let term = vote.leader_id().term();
+            tokio::task::spawn_blocking(move || w.voted(term))
+                .await
+                .map_err(to_io)??;
+        }
+        Ok(())
     }
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> StorageResult<()> {
@@ -268,24 +370,51 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     {
         let written = std::time::Instant::now();
         let mut batch = WriteBatch::default();
+        let mut last_index = 0;
         {
             let cf = self.cf(CF_LOG)?;
             for entry in entries {
-                batch.put_cf(cf, index_key(entry.index()), encode_entry(&entry)?);
+                last_index = entry.index();
+                batch.put_cf(cf, index_key(last_index), encode_entry(&entry)?);
             }
         }
+        if let Some(failure) = self.watermark.as_ref().and_then(|w| w.failure()) {
+            return Err(to_io(failure));
+        }
+        let epoch = self.watermark.as_ref().map_or(0, |w| w.epoch());
         // Written, and so readable for replication, before this returns; durable once the
         // flusher has fsynced the WAL, which is when openraft hears that it is flushed.
         self.write_unsynced(batch)?;
+        let callback = if cfg!(feature = "negative-control-unsafe-early-flush") {
+            // The negative control: "flushed" before the fsync. Acknowledged records are lost
+            // when every node loses power at once; the chaos suite must see that.
+            callback.io_completed(Ok(()));
+            None
+        } else {
+            Some(callback)
+        };
+        let queued = Queued {
+            callback,
+            written,
+            last_index,
+            epoch,
+        };
         self.flusher
             .tx
             .as_ref()
-            .and_then(|tx| tx.send((callback, written)).ok())
+            .and_then(|tx| tx.send(queued).ok())
             .ok_or_else(|| to_io("the log flusher thread has stopped"))
     }
 
     async fn truncate_after(&mut self, last_log_id: Option<LogId>) -> StorageResult<()> {
         let from = last_log_id.map_or(0, |l| l.index + 1);
+        // The watermark first: it must never claim entries that are removed on purpose.
+        if let Some(w) = self.watermark.clone() {
+            let keep = last_log_id.map_or(0, |l| l.index);
+            tokio::task::spawn_blocking(move || w.truncating(keep))
+                .await
+                .map_err(to_io)??;
+        }
         let mut batch = WriteBatch::default();
         batch.delete_range_cf(self.cf(CF_LOG)?, index_key(from), index_key(u64::MAX));
         // The last index (u64::MAX) is not covered by the exclusive range end; it can never be used.
@@ -300,5 +429,56 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         batch.put_cf(self.cf(CF_RAFT)?, keys::LAST_PURGED, bytes);
         batch.delete_range_cf(self.cf(CF_LOG)?, index_key(0), index_key(log_id.index + 1));
         self.write_synced(batch).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use openraft::impls::leader_id_adv::LeaderId as CommittedLeaderId;
+    use openraft::storage::RaftLogStorage;
+    use openraft::vote::RaftLeaderId;
+
+    use super::*;
+
+    fn log_id(term: u64, index: u64) -> LogId {
+        LogId::new(CommittedLeaderId::new(term, 1), index)
+    }
+
+    /// What start-up compares with the watermark: the last log index (an entry's, or the last
+    /// purged one's when the log is empty behind a snapshot) and the vote's term; and a vote
+    /// adopted for a rejoin never lowers the stored one.
+    #[tokio::test]
+    async fn stored_marks_follow_the_log_the_purge_and_the_vote() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = super::super::open_db(dir.path()).expect("open db");
+        assert_eq!(stored_marks(&db).expect("marks"), Marks::default());
+        let mut store = LogStore::new(db.clone()).expect("log store");
+        store
+            .save_vote(&Vote::new_committed(3, 1))
+            .await
+            .expect("vote");
+        let mut batch = WriteBatch::default();
+        let cf = db.cf_handle(CF_LOG).expect("log cf");
+        for index in 1..=5 {
+            let entry = Entry {
+                log_id: log_id(3, index),
+                payload: openraft::EntryPayload::Blank,
+            };
+            batch.put_cf(cf, index_key(index), encode_entry(&entry).expect("encode"));
+        }
+        db.write(batch).expect("write");
+        assert_eq!(
+            stored_marks(&db).expect("marks"),
+            Marks {
+                log_index: 5,
+                vote_term: 3
+            }
+        );
+        store.purge(log_id(3, 5)).await.expect("purge");
+        assert_eq!(stored_marks(&db).expect("marks").log_index, 5);
+        adopt_vote(&db, &Vote::new_committed(2, 2)).expect("adopt");
+        assert_eq!(stored_marks(&db).expect("marks").vote_term, 3);
+        adopt_vote(&db, &Vote::new_committed(7, 2)).expect("adopt");
+        assert_eq!(stored_marks(&db).expect("marks").vote_term, 7);
     }
 }

@@ -17,6 +17,7 @@ pub mod faults;
 pub mod log;
 pub mod sm;
 pub mod snapshot;
+pub mod watermark;
 
 #[cfg(test)]
 mod conformance;
@@ -35,18 +36,9 @@ pub const CF_RAFT: &str = "raft";
 pub const CF_SM: &str = "sm";
 
 /// Options for every RocksDB write: `sync` fsyncs the WAL before the write returns.
-///
-/// With the `negative-control-unsafe-no-fsync` cargo feature (a separate binary built only by
-/// the chaos suite, never a default) the WAL is switched off entirely, so acknowledged writes
-/// live only in memory until a memtable flush: the chaos suite's coordinated crash must then
-/// find acknowledged records lost, proving the suite can see loss.
 pub fn write_options(sync: bool) -> WriteOptions {
     let mut w = WriteOptions::default();
-    if cfg!(feature = "negative-control-unsafe-no-fsync") {
-        w.disable_wal(true);
-    } else {
-        w.set_sync(sync);
-    }
+    w.set_sync(sync);
     w
 }
 
@@ -65,9 +57,15 @@ pub fn open_db_with(path: &Path, write_buffer_bytes: u64) -> Result<Arc<DB>, roc
     let mut opts = Options::default();
     opts.create_if_missing(true);
     opts.create_missing_column_families(true);
-    // A torn tail of the WAL after a crash is expected; anything worse is corruption and must
-    // stop the node rather than be skipped silently.
-    opts.set_wal_recovery_mode(rocksdb::DBRecoveryMode::PointInTime);
+    // An incomplete record at the end of the WAL (a write torn by a crash, which was never
+    // acknowledged) is dropped; any other damage (a checksum mismatch anywhere, a record cut in
+    // the middle) refuses to open. PointInTime would open after dropping everything from the
+    // first bad record on: entries this node fsynced and acknowledged, forgotten in silence.
+    opts.set_wal_recovery_mode(rocksdb::DBRecoveryMode::TolerateCorruptedTailRecords);
+    // The sizes of closed, synced WAL files are recorded in the MANIFEST and checked at open:
+    // a WAL that is missing or shorter than it was is refused.
+    opts.set_track_and_verify_wals_in_manifest(true);
+    // Checksums verified on every read, files checked at open, a background error stops writes.
     opts.set_paranoid_checks(true);
     opts.set_max_background_jobs(2);
     let buffer = write_buffer_bytes as usize;
@@ -89,6 +87,9 @@ pub mod keys {
     pub const MEMBERSHIP: &[u8] = b"m:membership";
     /// Clock and id counters of [`crate::state::SmState`].
     pub const SM_META: &[u8] = b"m:state";
+    /// Present only while a snapshot is being loaded into the family: the snapshot's file
+    /// name. Found at start-up, it means the family is half-loaded (see `snapshot::load_into`).
+    pub const INSTALLING: &[u8] = b"m:installing";
     /// First key of the topic family.
     pub const TOPIC_PREFIX: u8 = b't';
     /// First key of the record family.

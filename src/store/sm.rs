@@ -22,7 +22,7 @@ use crate::raft::{
     TypeConfig,
 };
 use crate::state::{
-    apply_entry, pending_record, ApplyResponse, CommitPoint, LogPayload, ProducerState,
+    apply_entry, pending_record, ApplyResponse, CommitPoint, LogPayload, ProducerState, ReadFault,
     RecordSource, SmState, StoredRecord, SubState, TopicMeta, Write,
 };
 
@@ -58,6 +58,8 @@ pub struct SmShared {
     current_snapshot: Mutex<Option<CurrentSnapshot>>,
     /// Bytes of commands applied since this process opened the store.
     applied_bytes: AtomicU64,
+    /// Most bytes of key/value pairs in one write batch when a snapshot is loaded.
+    load_batch_bytes: AtomicU64,
     /// `applied_bytes` when the last snapshot was started.
     snapshot_mark: AtomicU64,
 }
@@ -96,13 +98,29 @@ struct DbRecords<'a> {
 }
 
 impl RecordSource for DbRecords<'_> {
-    fn record(&self, pending: &[Write], topic_id: u64, offset: u64) -> Option<StoredRecord> {
+    fn record(
+        &self,
+        pending: &[Write],
+        topic_id: u64,
+        offset: u64,
+    ) -> Result<Option<StoredRecord>, ReadFault> {
         if let Some(r) = pending_record(pending, topic_id, offset) {
-            return Some(r);
+            return Ok(Some(r));
         }
-        let cf = self.db.cf_handle(CF_SM)?;
-        let bytes = self.db.get_cf(cf, keys::record(topic_id, offset)).ok()??;
-        decode_record(&bytes).ok()
+        let fault = |reason: String| ReadFault {
+            topic_id,
+            offset,
+            reason,
+        };
+        let cf = self
+            .db
+            .cf_handle(CF_SM)
+            .ok_or_else(|| fault("column family sm missing".into()))?;
+        match self.db.get_cf(cf, keys::record(topic_id, offset)) {
+            Ok(None) => Ok(None),
+            Ok(Some(bytes)) => decode_record(&bytes).map(Some).map_err(fault),
+            Err(e) => Err(fault(format!("RocksDB: {e}"))),
+        }
     }
 }
 
@@ -112,6 +130,20 @@ impl SmShared {
     /// loading it).
     pub fn open(db: Arc<DB>, snapshot_dir: PathBuf) -> anyhow::Result<Arc<SmShared>> {
         let mut current = None;
+        if let Some(name) = snapshot::interrupted_load(&db)? {
+            // A crash in the middle of loading a snapshot: the family holds part of it. The
+            // snapshot file was complete and durable before the load began.
+            let path = snapshot_dir.join(&name);
+            anyhow::ensure!(
+                path.is_file(),
+                "the state machine was being replaced by snapshot {name} when the node stopped, \
+                 and that file is gone from {}: the state machine is incomplete. Move the data \
+                 directory aside and let the node rejoin empty",
+                snapshot_dir.display()
+            );
+            tracing::info!(snapshot = %name, "finishing a snapshot install that a crash interrupted");
+            snapshot::load_into(&db, &path)?;
+        }
         if let Some((meta, path)) = snapshot::newest(&snapshot_dir)? {
             let applied = read_applied(&db)?;
             if meta.last_log_id > applied {
@@ -131,6 +163,7 @@ impl SmShared {
             snapshot_dir,
             current_snapshot: Mutex::new(current),
             applied_bytes: AtomicU64::new(0),
+            load_batch_bytes: AtomicU64::new(snapshot::LOAD_BATCH_BYTES as u64),
             snapshot_mark: AtomicU64::new(0),
         }))
     }
@@ -195,12 +228,34 @@ impl SmShared {
     }
 
     /// Applies entries and persists the result; blocking.
+    ///
+    /// A storage fault met while applying (a record that cannot be read) fails the whole call:
+    /// nothing is written, the in-memory view is reloaded from what RocksDB holds (so no reader
+    /// sees a half-applied state), and the error stops Raft, which stops the node.
     fn apply_blocking(&self, entries: Vec<Entry>) -> StorageResult<Vec<ApplyResponse>> {
+        let mut view = self.view_mut();
+        let result = self.apply_locked(&mut view, entries);
+        if let Err(e) = &result {
+            tracing::error!("applying entries failed, nothing of them is kept: {e}");
+            match load_view(&self.db) {
+                Ok(reloaded) => *view = reloaded,
+                Err(reload) => {
+                    tracing::error!("reloading the state machine after that failed too: {reload}")
+                }
+            }
+        }
+        result
+    }
+
+    fn apply_locked(
+        &self,
+        view: &mut SmView,
+        entries: Vec<Entry>,
+    ) -> StorageResult<Vec<ApplyResponse>> {
         let cf = self
             .db
             .cf_handle(CF_SM)
             .ok_or_else(|| to_io("column family sm missing"))?;
-        let mut view = self.view_mut();
         let mut writes = Vec::new();
         let mut responses = Vec::with_capacity(entries.len());
         let mut membership_changed = false;
@@ -226,6 +281,11 @@ impl SmShared {
                         batch,
                         &mut writes,
                     )
+                    .map_err(|fault| {
+                        to_io(format!(
+                            "applying entry {index}: {fault}; the store cannot be trusted"
+                        ))
+                    })?
                 }
                 EntryPayload::Membership(m) => {
                     let before: Vec<u64> = view
@@ -357,9 +417,7 @@ impl SmShared {
         self.db
             .write_opt(batch, &super::write_options(false))
             .map_err(to_io)?;
-        let applied = view.commit_point.index;
-        drop(view);
-        self.applied_tx.send_replace(applied);
+        self.applied_tx.send_replace(view.commit_point.index);
         Ok(responses)
     }
 
@@ -367,7 +425,8 @@ impl SmShared {
     /// the load and the reload, so readers never see memory and disk disagree.
     fn load_snapshot(&self, path: &std::path::Path) -> Result<(), snapshot::SnapshotError> {
         let mut view = self.view_mut();
-        snapshot::load_into(&self.db, path)?;
+        let batch_bytes = self.load_batch_bytes.load(Ordering::Relaxed) as usize;
+        snapshot::load_into_with(&self.db, path, batch_bytes)?;
         *view = load_view(&self.db).map_err(|e| snapshot::SnapshotError::Corrupt(e.to_string()))?;
         let applied = view.last_applied.map_or(0, |l| l.index);
         drop(view);
@@ -409,25 +468,26 @@ impl SmShared {
         Ok((index, format!("{pairs}-{bytes}-{:08x}", crc.finalize())))
     }
 
-    /// Builds a snapshot of the applied state durably and makes it the current one; blocking.
+    /// Builds a snapshot of the applied state durably and makes it the current one, unless a
+    /// newer one was installed meanwhile (then that one stays current and is returned);
+    /// blocking.
     pub(crate) fn build_blocking(&self) -> StorageResult<(snapshot::FileMeta, PathBuf)> {
         let started = std::time::Instant::now();
         self.snapshot_mark.store(
             self.applied_bytes.load(Ordering::Relaxed),
             Ordering::Relaxed,
         );
+        // The view is taken under the state lock, which an install holds for its whole load:
+        // a build never sees a half-loaded state machine.
+        let view = {
+            let _whole = self.view();
+            self.db.snapshot()
+        };
         let (meta, path, bytes) =
-            snapshot::build(&self.db, &self.snapshot_dir, snapshot_id_suffix()).map_err(to_io)?;
-        let mut cur = self
-            .current_snapshot
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        *cur = Some(CurrentSnapshot {
-            meta: meta.clone(),
-            path: path.clone(),
-            bytes,
-        });
-        snapshot::remove_others(&self.snapshot_dir, &path);
+            snapshot::build_from(&self.db, &view, &self.snapshot_dir, snapshot_id_suffix())
+                .map_err(to_io)?;
+        drop(view);
+        let (meta, path) = self.adopt_built(meta, path, bytes);
         tracing::info!(
             snapshot = %meta.snapshot_id,
             index = meta.last_log_id.map_or(0, |id| id.index),
@@ -439,6 +499,43 @@ impl SmShared {
         Ok((meta, path))
     }
 
+    /// Makes a freshly built snapshot the current one and removes the others, unless the
+    /// current one is newer (a snapshot installed while this one was being built): then the
+    /// built file is removed and the current one returned. A build never replaces or deletes a
+    /// newer snapshot.
+    fn adopt_built(
+        &self,
+        meta: snapshot::FileMeta,
+        path: PathBuf,
+        bytes: u64,
+    ) -> (snapshot::FileMeta, PathBuf) {
+        let mut cur = self
+            .current_snapshot
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(newer) = cur
+            .as_ref()
+            .filter(|c| c.meta.last_log_id > meta.last_log_id)
+        {
+            tracing::info!(
+                built = %meta.snapshot_id,
+                current = %newer.meta.snapshot_id,
+                "a newer snapshot was installed while this one was built; keeping the newer"
+            );
+            if newer.path != path {
+                let _ = std::fs::remove_file(&path);
+            }
+            return (newer.meta.clone(), newer.path.clone());
+        }
+        *cur = Some(CurrentSnapshot {
+            meta: meta.clone(),
+            path: path.clone(),
+            bytes,
+        });
+        snapshot::remove_others(&self.snapshot_dir, &path);
+        (meta, path)
+    }
+
     /// Stores a received snapshot durably, checks it is the one announced, and replaces the
     /// state machine with it; blocking.
     fn install_blocking(&self, src: &mut std::fs::File, want: &SnapshotMeta) -> StorageResult<()> {
@@ -446,13 +543,7 @@ impl SmShared {
         let fail = |e: snapshot::SnapshotError| to_io(e);
         let fault = |e: std::io::Error| to_io(e);
         src.sync_all().map_err(fault)?;
-        let (got, path) = snapshot::store_received(src, &self.snapshot_dir).map_err(fail)?;
-        if got.last_log_id != want.last_log_id {
-            return Err(to_io(format!(
-                "received snapshot {} holds up to {:?}, but was announced as up to {:?}",
-                got.snapshot_id, got.last_log_id, want.last_log_id
-            )));
-        }
+        let (got, path) = snapshot::store_received(src, &self.snapshot_dir, want).map_err(fail)?;
         super::faults::point(super::faults::INSTALL_STORED).map_err(fault)?;
         let bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
         self.load_snapshot(&path).map_err(fail)?;
@@ -808,6 +899,100 @@ mod tests {
         );
     }
 
+    /// A record that cannot be read during apply (here: its stored bytes are garbage) fails
+    /// the apply: nothing of the entry is written, the applied index does not move, and the
+    /// in-memory state readers see is exactly what was applied before.
+    #[test]
+    fn an_unreadable_record_fails_the_apply_and_changes_nothing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = open_db(&dir.path().join("db")).expect("open db");
+        let shared = SmShared::open(db.clone(), dir.path().join("snapshots")).expect("open");
+        let sub = SubRef {
+            topic: "t".into(),
+            name: "s".into(),
+        };
+        let topic = |name: &str| {
+            Command::CreateTopic(CreateTopic {
+                name: name.into(),
+                settings: TopicSettings::default(),
+            })
+        };
+        shared
+            .apply_blocking(vec![
+                entry(1, vec![topic("t"), topic("dlq")]),
+                entry(
+                    2,
+                    vec![Command::CreateSubscription(CreateSub {
+                        topic: "t".into(),
+                        name: "s".into(),
+                        settings: SubSettings {
+                            start: Start::First,
+                            ack_timeout_ms: 60_000,
+                            max_deliveries: None,
+                            dead_letter_topic: Some("dlq".into()),
+                        },
+                    })],
+                ),
+                entry(3, vec![publish(0)]),
+            ])
+            .expect("apply");
+        let resp = shared
+            .apply_blocking(vec![entry(
+                4,
+                vec![Command::Pull(Pull {
+                    sub: sub.clone(),
+                    max: 1,
+                    ack_timeout_ms: None,
+                })],
+            )])
+            .expect("apply");
+        let Ok(crate::state::Outcome::Pulled(deliveries)) = &resp[0].results[0] else {
+            panic!("pull answered {:?}", resp[0].results[0]);
+        };
+        let receipt = deliveries[0].receipt;
+        let before = shared.view().state.clone();
+        let digest = shared.digest().expect("digest");
+
+        // The record's stored bytes go bad.
+        let topic_id = before.topics["t"].id;
+        let cf = db.cf_handle(CF_SM).expect("sm");
+        db.put_cf(cf, keys::record(topic_id, 0), b"\x01garbage")
+            .expect("corrupt the record");
+        let digest_corrupt = shared.digest().expect("digest");
+
+        let nack = Command::SettleReceipts(crate::state::SettleReceipts {
+            sub,
+            action: crate::state::ReceiptAction::Nack {
+                delay_ms: 0,
+                dead_letter: true,
+            },
+            receipts: vec![receipt],
+        });
+        let err = shared
+            .apply_blocking(vec![entry(5, vec![nack])])
+            .expect_err("a dead letter of an unreadable record must fail the apply");
+        assert!(err.to_string().contains("cannot be trusted"), "{err}");
+        assert_eq!(shared.view().state, before, "the in-memory state moved");
+        assert_eq!(shared.view().commit_point.index, 4);
+        assert_eq!(
+            read_applied(&db).expect("applied").map(|l| l.index),
+            Some(4)
+        );
+        assert_ne!(digest, digest_corrupt);
+        assert_eq!(
+            shared.digest().expect("digest"),
+            digest_corrupt,
+            "something was written"
+        );
+    }
+
+    impl SmShared {
+        /// Loads snapshots in batches of `bytes` (tests: many batches from a small state).
+        fn set_load_batch_bytes(&self, bytes: usize) {
+            self.load_batch_bytes.store(bytes as u64, Ordering::Relaxed);
+        }
+    }
+
     fn open_at(dir: &std::path::Path) -> Arc<SmShared> {
         let db = open_db(&dir.join("db")).expect("open db");
         SmShared::open(db, dir.join("snapshots")).expect("open state machine")
@@ -896,6 +1081,8 @@ mod tests {
         for point in crate::store::faults::INSTALL {
             let dir = tempfile::tempdir().expect("tempdir");
             let follower = open_at(dir.path());
+            // Small batches: a crash can stop a load between two of them.
+            follower.set_load_batch_bytes(64);
             workload(&follower, 1..=2);
             let old_state = follower.view().state.clone();
             {
@@ -933,5 +1120,95 @@ mod tests {
                 .expect("install after restart");
             assert_eq!(reopened.view().state, leader_state, "{point}");
         }
+    }
+
+    /// A build that started before a newer snapshot was installed, and finishes after, must
+    /// neither replace nor delete the installed one: the node keeps the newer snapshot (the
+    /// log before it may already be purged).
+    #[test]
+    fn a_build_that_finishes_after_an_install_keeps_the_newer_snapshot() {
+        let leader_dir = tempfile::tempdir().expect("tempdir");
+        let leader = open_at(leader_dir.path());
+        workload(&leader, 1..=8);
+        let (meta, path) = leader.build_blocking().expect("leader snapshot");
+
+        let dir = tempfile::tempdir().expect("tempdir");
+        let follower = open_at(dir.path());
+        workload(&follower, 1..=2);
+        // The build takes its view and writes its file (index 2)...
+        let view = follower.db.snapshot();
+        let (built, built_path, bytes) =
+            snapshot::build_from(&follower.db, &view, &dir.path().join("snapshots"), 1)
+                .expect("build");
+        drop(view);
+        // ...meanwhile the leader's snapshot (index 8) is installed...
+        let mut src = std::fs::File::open(&path).expect("snapshot file");
+        follower
+            .install_blocking(&mut src, &meta.raft_meta())
+            .expect("install");
+        // ...and then the build finishes.
+        let (kept, kept_path) = follower.adopt_built(built, built_path, bytes);
+        assert_eq!(kept.last_log_id.map(|l| l.index), Some(8));
+        assert!(kept_path.is_file(), "the installed snapshot was deleted");
+        assert_eq!(follower.snapshot_info().map(|(i, _)| i), Some(8));
+        let (files, tmp) = snapshot_files(dir.path());
+        assert_eq!(
+            files,
+            vec![8],
+            "the stale build must be gone, the install kept"
+        );
+        assert!(!tmp);
+        drop(follower);
+        assert_eq!(open_at(dir.path()).snapshot_info().map(|(i, _)| i), Some(8));
+    }
+
+    /// A received snapshot that is not the one announced (another last log id or membership)
+    /// is refused before it gets a snapshot's name: nothing is installed now, and nothing is
+    /// loaded at the next start.
+    #[test]
+    fn a_received_snapshot_that_fails_its_checks_is_never_stored() {
+        let leader_dir = tempfile::tempdir().expect("tempdir");
+        let leader = open_at(leader_dir.path());
+        workload(&leader, 1..=8);
+        let (meta, path) = leader.build_blocking().expect("leader snapshot");
+
+        let dir = tempfile::tempdir().expect("tempdir");
+        let follower = open_at(dir.path());
+        workload(&follower, 1..=2);
+        let old_state = follower.view().state.clone();
+        let mut announced = meta.raft_meta();
+        announced.last_log_id = Some(LogId::new(CommittedLeaderId::new(1, 1), 9));
+        let mut src = std::fs::File::open(&path).expect("snapshot file");
+        let err = follower
+            .install_blocking(&mut src, &announced)
+            .expect_err("a snapshot that is not the one announced");
+        assert!(err.to_string().contains("announced"), "{err}");
+        assert_eq!(snapshot_files(dir.path()), (vec![], false));
+        assert_eq!(follower.view().state, old_state);
+        drop(follower);
+        let reopened = open_at(dir.path());
+        assert_eq!(reopened.view().state, old_state, "loaded at the next start");
+        assert_eq!(reopened.view().commit_point.index, 2);
+    }
+
+    /// Loading a snapshot writes it in bounded batches, not one batch holding the whole
+    /// state, and still ends with exactly the snapshot's state.
+    #[test]
+    fn a_snapshot_loads_in_bounded_batches() {
+        let leader_dir = tempfile::tempdir().expect("tempdir");
+        let leader = open_at(leader_dir.path());
+        workload(&leader, 1..=200);
+        let (_, path) = leader.build_blocking().expect("leader snapshot");
+        let want = leader.view().state.clone();
+
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = open_db(&dir.path().join("db")).expect("open db");
+        let limit = 1024;
+        let (_, stats) = snapshot::load_into_with(&db, &path, limit).expect("load");
+        assert!(stats.pairs > 200, "{stats:?}");
+        assert!(stats.batches >= stats.pairs / 40, "{stats:?}");
+        assert!(stats.largest_batch_bytes < 2 * limit, "{stats:?}");
+        assert_eq!(snapshot::interrupted_load(&db).expect("marker"), None);
+        assert_eq!(load_view(&db).expect("view").state, want);
     }
 }

@@ -131,11 +131,21 @@ pub fn build(
     dir: &Path,
     id_suffix: u64,
 ) -> Result<(FileMeta, PathBuf, u64), SnapshotError> {
+    build_from(db, &db.snapshot(), dir, id_suffix)
+}
+
+/// [`build`] from the RocksDB view `view`, taken by the caller (at a moment when the state
+/// machine was whole: never in the middle of a snapshot install).
+pub fn build_from(
+    db: &DB,
+    view: &rocksdb::Snapshot<'_>,
+    dir: &Path,
+    id_suffix: u64,
+) -> Result<(FileMeta, PathBuf, u64), SnapshotError> {
     fs::create_dir_all(dir)?;
     let cf = db
         .cf_handle(CF_SM)
         .ok_or_else(|| SnapshotError::Corrupt("column family sm missing".into()))?;
-    let view = db.snapshot();
     let get = |key: &[u8]| view.get_cf(cf, key);
     let last_log_id: Option<LogId> = match get(keys::APPLIED)? {
         Some(b) => codec::decode(&b).map_err(|e| SnapshotError::Corrupt(e.to_string()))?,
@@ -163,8 +173,13 @@ pub fn build(
     w.write_all(&FORMAT_VERSION.to_le_bytes())?;
     w.write_all(&(meta_bytes.len() as u64).to_le_bytes())?;
     w.write_all(&meta_bytes)?;
+    if get(keys::INSTALLING)?.is_some() {
+        return Err(SnapshotError::Corrupt(
+            "the state machine is in the middle of a snapshot install".into(),
+        ));
+    }
     let mut opts = ReadOptions::default();
-    opts.set_snapshot(&view);
+    opts.set_snapshot(view);
     let mut count = 0u64;
     for item in db.iterator_cf_opt(cf, opts, IteratorMode::Start) {
         let (k, v) = item?;
@@ -252,22 +267,53 @@ pub fn verify(path: &Path) -> Result<FileMeta, SnapshotError> {
     read(File::open(path)?, |_, _| Ok(()))
 }
 
-/// Copies a received snapshot stream into `dir` durably after checking it whole. Returns the
-/// meta and the final path.
-pub fn store_received(src: &mut File, dir: &Path) -> Result<(FileMeta, PathBuf), SnapshotError> {
+/// Copies a received snapshot stream into `dir` durably after checking it whole and checking
+/// that it is the snapshot announced (`want`: its last log id and membership). Nothing that
+/// fails a check ever gets a snapshot's final name: only a renamed file is loaded at start-up.
+/// Returns the meta and the final path.
+pub fn store_received(
+    src: &mut File,
+    dir: &Path,
+    want: &SnapshotMeta,
+) -> Result<(FileMeta, PathBuf), SnapshotError> {
     use std::io::Seek;
     fs::create_dir_all(dir)?;
     src.seek(io::SeekFrom::Start(0))?;
     let meta = read(&mut *src, |_, _| Ok(()))?;
+    if meta.raft_meta() != *want {
+        return Err(SnapshotError::Corrupt(format!(
+            "received snapshot {} holds up to {:?} with membership {:?}, but was announced as \
+             up to {:?} with membership {:?}",
+            meta.snapshot_id,
+            meta.last_log_id,
+            meta.last_membership,
+            want.last_log_id,
+            want.last_membership
+        )));
+    }
     let name = file_name(&meta);
     let tmp = dir.join(format!("{name}.tmp"));
     src.seek(io::SeekFrom::Start(0))?;
     let mut out = File::create(&tmp)?;
-    io::copy(src, &mut out)?;
-    faults::point(faults::RECEIVE_WRITTEN)?;
-    out.sync_all()?;
-    faults::point(faults::RECEIVE_SYNCED)?;
+    let stored = (|| {
+        io::copy(src, &mut out)?;
+        faults::point(faults::RECEIVE_WRITTEN)?;
+        out.sync_all()?;
+        faults::point(faults::RECEIVE_SYNCED)?;
+        // What reached the disk is checked again, whole, before it gets its final name.
+        let again = verify(&tmp)?;
+        if again != meta {
+            return Err(SnapshotError::Corrupt(
+                "the stored copy differs from the received snapshot".into(),
+            ));
+        }
+        Ok::<_, SnapshotError>(())
+    })();
     drop(out);
+    if let Err(e) = stored {
+        let _ = fs::remove_file(&tmp);
+        return Err(e);
+    }
     let path = dir.join(&name);
     fs::rename(&tmp, &path)?;
     faults::point(faults::RECEIVE_RENAMED)?;
@@ -275,19 +321,98 @@ pub fn store_received(src: &mut File, dir: &Path) -> Result<(FileMeta, PathBuf),
     Ok((meta, path))
 }
 
-/// Replaces the whole `sm` column family with the snapshot at `path`, in one synced batch.
+/// Bytes of key/value pairs written to RocksDB in one batch while loading a snapshot: memory
+/// for a load is bounded by this, not by the size of the state.
+pub const LOAD_BATCH_BYTES: usize = 4 << 20;
+
+/// What a load did, for tests and logs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LoadStats {
+    /// Key/value pairs written.
+    pub pairs: u64,
+    /// RocksDB write batches of pairs.
+    pub batches: u64,
+    /// Bytes of the largest of them.
+    pub largest_batch_bytes: usize,
+}
+
+/// Replaces the whole `sm` column family with the snapshot at `path`, which must be a complete
+/// snapshot (verified when it got its name), in batches of about [`LOAD_BATCH_BYTES`].
+///
+/// All or nothing across a crash: the first batch, synced, clears the family and writes the
+/// marker `m:installing` naming the snapshot file; the last, synced, removes the marker. A
+/// state machine found with the marker at start-up is half-loaded, and
+/// [`crate::store::SmShared::open`] loads the snapshot it names again.
 pub fn load_into(db: &DB, path: &Path) -> Result<FileMeta, SnapshotError> {
+    load_into_with(db, path, LOAD_BATCH_BYTES).map(|(meta, _)| meta)
+}
+
+/// [`load_into`] with batches of `batch_bytes`.
+pub fn load_into_with(
+    db: &DB,
+    path: &Path,
+    batch_bytes: usize,
+) -> Result<(FileMeta, LoadStats), SnapshotError> {
     let cf = db
         .cf_handle(CF_SM)
         .ok_or_else(|| SnapshotError::Corrupt("column family sm missing".into()))?;
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| SnapshotError::Corrupt(format!("bad snapshot path {}", path.display())))?;
+    let mut start = WriteBatch::default();
+    start.delete_range_cf(cf, [0u8].as_slice(), [0xffu8; 32].as_slice());
+    start.put_cf(cf, keys::INSTALLING, name.as_bytes());
+    db.write_opt(start, &super::write_options(true))?;
+
+    let mut stats = LoadStats::default();
     let mut batch = WriteBatch::default();
-    batch.delete_range_cf(cf, [0u8].as_slice(), [0xffu8; 32].as_slice());
+    let mut bytes = 0usize;
+    let unsynced = super::write_options(false);
     let meta = read(File::open(path)?, |k, v| {
+        if k.as_slice() == keys::INSTALLING {
+            return Err(SnapshotError::Corrupt(
+                "the snapshot holds an install marker".into(),
+            ));
+        }
+        bytes += k.len() + v.len();
         batch.put_cf(cf, k, v);
+        stats.pairs += 1;
+        if bytes >= batch_bytes {
+            db.write_opt(std::mem::take(&mut batch), &unsynced)?;
+            stats.batches += 1;
+            stats.largest_batch_bytes = stats.largest_batch_bytes.max(bytes);
+            bytes = 0;
+            if stats.batches == 1 {
+                // The family now holds the snapshot's applied log id and part of its state.
+                faults::point(faults::INSTALL_LOADING)?;
+            }
+        }
         Ok(())
     })?;
-    db.write_opt(batch, &super::write_options(true))?;
-    Ok(meta)
+    if bytes > 0 {
+        db.write_opt(batch, &unsynced)?;
+        stats.batches += 1;
+        stats.largest_batch_bytes = stats.largest_batch_bytes.max(bytes);
+    }
+    // Synced: makes every batch before it durable too (one WAL), then the state is whole.
+    let mut end = WriteBatch::default();
+    end.delete_cf(cf, keys::INSTALLING);
+    db.write_opt(end, &super::write_options(true))?;
+    Ok((meta, stats))
+}
+
+/// The snapshot file name an interrupted load left in the `sm` family, if any.
+pub fn interrupted_load(db: &DB) -> Result<Option<String>, SnapshotError> {
+    let cf = db
+        .cf_handle(CF_SM)
+        .ok_or_else(|| SnapshotError::Corrupt("column family sm missing".into()))?;
+    match db.get_cf(cf, keys::INSTALLING)? {
+        None => Ok(None),
+        Some(name) => String::from_utf8(name)
+            .map(Some)
+            .map_err(|_| SnapshotError::Corrupt("the install marker is not a file name".into())),
+    }
 }
 
 /// The newest complete snapshot in `dir`, if any; removes leftovers of interrupted writes.

@@ -59,15 +59,20 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// A tokens file with one entry per `(name, token, grant)`, as `raftq token create` writes
-/// them (the token's SHA-256, never the token).
+/// A tokens file with one entry per `(name, token, grants)` (grants separated by spaces), as
+/// `raftq token create` writes them (the token's SHA-256, never the token).
 pub fn tokens_toml(entries: &[(&str, &str, &str)]) -> String {
     entries
         .iter()
-        .map(|(name, token, grant)| {
+        .map(|(name, token, grants)| {
+            let grants: Vec<String> = grants
+                .split_whitespace()
+                .map(|g| format!("\"{g}\""))
+                .collect();
             format!(
-                "[[token]]\nname = \"{name}\"\nsha256 = \"{}\"\ngrants = [\"{grant}\"]\n",
-                raftq::auth::token_hash_hex(token)
+                "[[token]]\nname = \"{name}\"\nsha256 = \"{}\"\ngrants = [{}]\n",
+                raftq::auth::token_hash_hex(token),
+                grants.join(", ")
             )
         })
         .collect()
@@ -102,6 +107,8 @@ struct NodeProc {
     child: Option<Child>,
     /// How often the harness started it, to mark each start in its log.
     starts: u32,
+    /// Environment variables of its next starts (see [`Cluster::set_env`]).
+    env: Vec<(String, String)>,
 }
 
 /// A raftq cluster of real processes. See the module documentation.
@@ -125,6 +132,9 @@ pub struct Cluster {
     /// With TLS: the CA certificate file (PEM) that signed every node's certificate. The
     /// harness's own client and its SDK clients trust it; node URLs are `https://`.
     tls_ca: Option<PathBuf>,
+    /// With fault disks: each node's data directory is a file system of our own that loses
+    /// unsynced writes on command ([`Cluster::disk`]).
+    disks: Mutex<BTreeMap<u64, raftq_faultfs::FaultFs>>,
 }
 
 /// A certificate authority made at test time, and the files of one server certificate it
@@ -212,6 +222,24 @@ impl Cluster {
         Self::start_inner(n, spares, extra_args, None, None).await
     }
 
+    /// An `n`-node cluster whose every data directory is a fault disk: a FUSE file system of
+    /// our own that keeps unsynced writes only in a form it can drop, as a power loss would
+    /// ([`Cluster::disk`]). Needs root and `/dev/fuse`.
+    pub async fn start_on_fault_disks(n: u64, extra_args: &[&str]) -> Cluster {
+        if let Err(e) = raftq_faultfs::check_environment() {
+            panic!("fault disks cannot be mounted here: {e}");
+        }
+        Self::start_inner_on(n, 0, extra_args, None, None, true).await
+    }
+
+    /// The fault disk under node `id`'s data directory (see [`Cluster::start_on_fault_disks`]).
+    pub fn disk(&self, id: u64) -> raftq_faultfs::Control {
+        lock(&self.disks)
+            .get(&id)
+            .unwrap_or_else(|| panic!("node {id} has no fault disk"))
+            .control()
+    }
+
     async fn start_inner(
         n: u64,
         spares: u64,
@@ -219,9 +247,23 @@ impl Cluster {
         tokens: Option<(&str, &str)>,
         tls: Option<&TestCa>,
     ) -> Cluster {
+        Self::start_inner_on(n, spares, extra_args, tokens, tls, false).await
+    }
+
+    async fn start_inner_on(
+        n: u64,
+        spares: u64,
+        extra_args: &[&str],
+        tokens: Option<(&str, &str)>,
+        tls: Option<&TestCa>,
+        fault_disks: bool,
+    ) -> Cluster {
         const ATTEMPTS: u32 = 3;
         for attempt in 1..=ATTEMPTS {
             let mut cluster = Cluster::create(n + spares, tokens.map(|(_, t)| t), tls);
+            if fault_disks {
+                cluster.mount_fault_disks();
+            }
             cluster.extra_args = extra_args.iter().map(|a| a.to_string()).collect();
             if tls.is_some() {
                 let dir = cluster.root.clone();
@@ -278,6 +320,7 @@ impl Cluster {
                     log: root.join(format!("node{id}.log")),
                     child: None,
                     starts: 0,
+                    env: Vec::new(),
                 };
                 (id, node)
             })
@@ -316,6 +359,25 @@ impl Cluster {
             initial_voters: None,
             token: token.map(str::to_owned),
             tls_ca,
+            disks: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// Mounts a fault disk at every node's data directory, backed by `diskN/` beside it.
+    fn mount_fault_disks(&self) {
+        let dirs: Vec<(u64, PathBuf)> = lock(&self.nodes)
+            .iter()
+            .map(|(id, n)| (*id, n.data.clone()))
+            .collect();
+        for (id, data) in dirs {
+            let backing = self.root.join(format!("disk{id}"));
+            for dir in [&backing, &data] {
+                std::fs::create_dir_all(dir)
+                    .unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
+            }
+            let fs = raftq_faultfs::FaultFs::mount(&backing, &data)
+                .unwrap_or_else(|e| panic!("mounting a fault disk at {}: {e}", data.display()));
+            lock(&self.disks).insert(id, fs);
         }
     }
 
@@ -473,6 +535,9 @@ impl Cluster {
             (node.port, node.data.clone(), node.log.clone())
         };
         let mut cmd = self.serve_command(id, port, &data, CLUSTER_ID);
+        if let Some(node) = lock(&self.nodes).get(&id) {
+            cmd.envs(node.env.iter().map(|(k, v)| (k, v)));
+        }
         let mut log = OpenOptions::new()
             .create(true)
             .append(true)
@@ -819,6 +884,54 @@ impl Cluster {
     pub async fn terminate(&self, id: u64) -> ExitStatus {
         self.signal(id, libc::SIGTERM);
         self.wait_exit(id, Duration::from_secs(25)).await
+    }
+
+    /// Runs `cmd` and waits (at most 10 s) for it to exit; returns its status and output.
+    pub async fn run_to_exit(&self, mut cmd: Command, what: &str) -> (bool, String) {
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd
+            .spawn()
+            .unwrap_or_else(|e| self.fail(&format!("{what}: cannot spawn: {e}")));
+        let started = std::time::Instant::now();
+        while child.try_wait().ok().flatten().is_none() {
+            if started.elapsed() > Duration::from_secs(10) {
+                let _ = child.kill();
+                let out = child.wait_with_output().expect("collect output");
+                self.fail(&format!(
+                    "{what}: still running after 10 s: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let out = child.wait_with_output().expect("collect output");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.success(), text)
+    }
+
+    /// Sets environment variables for the next starts of node `id` (e.g. a fake clock);
+    /// an empty list clears them.
+    pub fn set_env(&self, id: u64, env: &[(&str, &str)]) {
+        let mut nodes = lock(&self.nodes);
+        let node = nodes
+            .get_mut(&id)
+            .unwrap_or_else(|| panic!("no node {id} in this cluster"));
+        node.env = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+    }
+
+    /// Starts node `id` again with the same command line and data directory, without waiting
+    /// for anything.
+    pub fn start_node(&self, id: u64) {
+        self.spawn(id);
     }
 
     /// Starts node `id` again with the same command line and data directory, and waits until
@@ -1334,6 +1447,15 @@ impl Drop for Cluster {
                 let _ = child.kill();
                 let _ = child.wait();
             }
+        }
+        // Fault disks come off before the directory holding them is removed.
+        let disks = std::mem::take(
+            self.disks
+                .get_mut()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+        );
+        for (_, disk) in disks {
+            let _ = disk.unmount();
         }
         let keep = std::thread::panicking() || std::env::var_os("RAFTQ_TEST_KEEP").is_some();
         if keep {

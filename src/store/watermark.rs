@@ -1,0 +1,390 @@
+//! The durable watermark: how much of its Raft log and which vote this node has had on disk,
+//! recorded outside RocksDB, so that start-up can tell a store that is whole from one that
+//! silently lost what it had fsynced.
+//!
+//! RocksDB recovers a WAL whose tail is incomplete (a torn write, the expected result of a power
+//! loss) by dropping that tail, and it cannot tell a tail cut off by a truncation or a lost
+//! block from one that was never synced. After such a loss the node would open with a shorter
+//! log and an older vote than it had acknowledged: it could vote for a candidate missing
+//! entries it helped commit. The watermark catches that: a log that ends below the watermark,
+//! or a vote in an older term than the watermark's, is a store that lost acknowledged data.
+//!
+//! What is recorded, and when:
+//! - the vote's term, synchronously, after every vote is saved (votes are rare);
+//! - the last log index known fsynced, lazily: after the log's WAL fsyncs, at most every
+//!   [`LAZY_EVERY`], on a thread of its own, never on the write path (so it lags behind the
+//!   log by at most that, and a loss of only the last moment's entries is caught by the
+//!   leader's record of what this node acknowledged instead; see `node::check_store`);
+//! - a lower log index, synchronously, before the log is truncated (a follower's
+//!   uncommitted tail replaced by the leader's log), so the watermark never claims entries that
+//!   were removed on purpose.
+//!
+//! The file (`DURABLE` in the data directory) holds two fixed slots written in turn, each with a
+//! sequence number and a CRC-32: a torn write of one slot leaves the other, older one valid.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read as _};
+use std::os::unix::fs::FileExt as _;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+/// The watermark file's name in the data directory.
+pub const FILE: &str = "DURABLE";
+/// Longest the log index of the watermark lags behind the log's fsyncs.
+pub const LAZY_EVERY: Duration = Duration::from_millis(100);
+
+const MAGIC: u32 = 0x5251_4457; // "RQDW"
+const FORMAT: u16 = 1;
+const SLOT_BYTES: usize = 40;
+
+/// What the watermark says is durable.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Marks {
+    /// Every log entry up to this index was fsynced (or removed from the front by a purge,
+    /// behind a snapshot).
+    pub log_index: u64,
+    /// A vote in this term was fsynced.
+    pub vote_term: u64,
+}
+
+fn encode(seq: u64, marks: Marks) -> [u8; SLOT_BYTES] {
+    let mut b = [0u8; SLOT_BYTES];
+    b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+    b[4..6].copy_from_slice(&FORMAT.to_le_bytes());
+    b[8..16].copy_from_slice(&seq.to_le_bytes());
+    b[16..24].copy_from_slice(&marks.log_index.to_le_bytes());
+    b[24..32].copy_from_slice(&marks.vote_term.to_le_bytes());
+    let crc = crc32fast::hash(&b[..32]);
+    b[32..36].copy_from_slice(&crc.to_le_bytes());
+    b
+}
+
+/// A slot's sequence number and marks, or `None` when it is torn, empty or not ours.
+fn decode(b: &[u8]) -> Option<(u64, Marks)> {
+    let b: &[u8; SLOT_BYTES] = b.try_into().ok()?;
+    let word = |r: std::ops::Range<usize>| u64::from_le_bytes(b[r].try_into().unwrap_or([0; 8]));
+    if u32::from_le_bytes([b[0], b[1], b[2], b[3]]) != MAGIC
+        || u16::from_le_bytes([b[4], b[5]]) != FORMAT
+        || u32::from_le_bytes([b[32], b[33], b[34], b[35]]) != crc32fast::hash(&b[..32])
+    {
+        return None;
+    }
+    Some((
+        word(8..16),
+        Marks {
+            log_index: word(16..24),
+            vote_term: word(24..32),
+        },
+    ))
+}
+
+/// Reads the watermark of the data directory `dir`: `Ok(None)` when there is none (a new
+/// directory, or one from before watermarks); an error when the file exists but neither slot
+/// is valid.
+pub fn read(dir: &Path) -> io::Result<Option<Marks>> {
+    let mut bytes = Vec::new();
+    match File::open(dir.join(FILE)) {
+        Ok(mut f) => f.read_to_end(&mut bytes)?,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    newest_slot(&bytes).map(|(_, m)| Some(m)).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{} holds no valid watermark", dir.join(FILE).display()),
+        )
+    })
+}
+
+fn newest_slot(bytes: &[u8]) -> Option<(u64, Marks)> {
+    bytes
+        .chunks(SLOT_BYTES)
+        .take(2)
+        .filter_map(decode)
+        .max_by_key(|(seq, _)| *seq)
+}
+
+struct Slots {
+    file: File,
+    seq: u64,
+    marks: Marks,
+}
+
+impl Slots {
+    fn write(&mut self, marks: Marks) -> io::Result<()> {
+        if marks == self.marks {
+            return Ok(());
+        }
+        let seq = self.seq + 1;
+        let offset = (seq % 2) * SLOT_BYTES as u64;
+        self.file.write_all_at(&encode(seq, marks), offset)?;
+        self.file.sync_data()?;
+        self.seq = seq;
+        self.marks = marks;
+        Ok(())
+    }
+}
+
+/// Keeps the watermark file of one data directory. Cheap to share (`Arc`).
+pub struct Watermark {
+    path: PathBuf,
+    slots: Mutex<Slots>,
+    /// Highest log index known fsynced, not yet necessarily in the file.
+    flushed: AtomicU64,
+    /// Bumped by every truncation: a flush reported for appends written before it must not
+    /// raise the watermark (the entries it covered may be gone).
+    epoch: AtomicU64,
+    wake: Condvar,
+    pending: Mutex<bool>,
+    stop: AtomicBool,
+    /// The first error writing the file, if any (then the log store fails its next write).
+    failed: Mutex<Option<String>>,
+}
+
+impl Watermark {
+    /// Opens (creating if needed) the watermark of `dir`, starting from `current` (what the
+    /// store holds now, checked against the file by the caller before this).
+    pub fn open(dir: &Path, current: Marks) -> io::Result<Arc<Watermark>> {
+        let path = dir.join(FILE);
+        let existed = path.exists();
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)?;
+        let mut bytes = Vec::new();
+        (&file).read_to_end(&mut bytes)?;
+        let (seq, marks) = newest_slot(&bytes).unwrap_or((0, Marks::default()));
+        let mut slots = Slots { file, seq, marks };
+        // Start from what the store holds now: never more than was found on disk before.
+        slots.marks = Marks {
+            log_index: u64::MAX,
+            vote_term: u64::MAX,
+        };
+        slots.write(current)?;
+        if !existed {
+            super::datadir::sync_dir(dir)?;
+        }
+        Ok(Arc::new(Watermark {
+            path,
+            flushed: AtomicU64::new(current.log_index),
+            slots: Mutex::new(slots),
+            epoch: AtomicU64::new(0),
+            wake: Condvar::new(),
+            pending: Mutex::new(false),
+            stop: AtomicBool::new(false),
+            failed: Mutex::new(None),
+        }))
+    }
+
+    fn slots(&self) -> std::sync::MutexGuard<'_, Slots> {
+        self.slots.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The current truncation epoch, to hand back to [`flushed`](Self::flushed).
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::SeqCst)
+    }
+
+    /// Appends up to `index`, written in truncation epoch `epoch`, are fsynced: the file will
+    /// say so within [`LAZY_EVERY`] (if no truncation came in between).
+    pub fn flushed(&self, index: u64, epoch: u64) {
+        let _slots = self.slots();
+        if epoch != self.epoch.load(Ordering::SeqCst) {
+            return;
+        }
+        self.flushed.fetch_max(index, Ordering::SeqCst);
+        drop(_slots);
+        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        *pending = true;
+        self.wake.notify_one();
+    }
+
+    /// The log is about to be truncated after `index`: lowers the watermark to at most
+    /// `index`, durably, before the truncation happens.
+    pub fn truncating(&self, index: u64) -> io::Result<()> {
+        let mut slots = self.slots();
+        self.epoch.fetch_add(1, Ordering::SeqCst);
+        let lowered = self.flushed.load(Ordering::SeqCst).min(index);
+        self.flushed.store(lowered, Ordering::SeqCst);
+        let marks = Marks {
+            log_index: slots.marks.log_index.min(index),
+            ..slots.marks
+        };
+        slots.write(marks)
+    }
+
+    /// A vote in `term` was saved durably: records it now.
+    pub fn voted(&self, term: u64) -> io::Result<()> {
+        let mut slots = self.slots();
+        let marks = Marks {
+            vote_term: slots.marks.vote_term.max(term),
+            ..slots.marks
+        };
+        slots.write(marks)
+    }
+
+    /// Writes the flushed index reported so far, if it moved.
+    fn write_flushed(&self) -> io::Result<()> {
+        let mut slots = self.slots();
+        let marks = Marks {
+            log_index: self.flushed.load(Ordering::SeqCst),
+            ..slots.marks
+        };
+        if marks.log_index > slots.marks.log_index {
+            slots.write(marks)?;
+        }
+        Ok(())
+    }
+
+    /// What the file says now.
+    pub fn marks(&self) -> Marks {
+        self.slots().marks
+    }
+
+    /// The first error of the background writer, if any.
+    pub fn failure(&self) -> Option<String> {
+        self.failed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Runs the lazy writer until [`stop`](Self::stop): the flushed index goes to the file at
+    /// most every [`LAZY_EVERY`].
+    pub fn run_writer(self: Arc<Self>) {
+        loop {
+            {
+                let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+                while !*pending && !self.stop.load(Ordering::SeqCst) {
+                    pending = self.wake.wait(pending).unwrap_or_else(|p| p.into_inner());
+                }
+                *pending = false;
+            }
+            if let Err(e) = self.write_flushed() {
+                let msg = format!("writing {}: {e}", self.path.display());
+                tracing::error!("{msg}");
+                let mut failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
+                failed.get_or_insert(msg);
+            }
+            if self.stop.load(Ordering::SeqCst) {
+                return;
+            }
+            std::thread::sleep(LAZY_EVERY);
+        }
+    }
+
+    /// Ends [`run_writer`](Self::run_writer) after one last write.
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        *pending = true;
+        self.wake.notify_one();
+    }
+}
+
+/// What a store holds now compared with its watermark: `Err` with what is missing when it
+/// holds less than the watermark says was durable.
+pub fn check(found: Marks, watermark: Marks) -> Result<(), String> {
+    let mut missing = Vec::new();
+    if found.log_index < watermark.log_index {
+        missing.push(format!(
+            "its Raft log ends at index {} but reached {} on disk before",
+            found.log_index, watermark.log_index
+        ));
+    }
+    if found.vote_term < watermark.vote_term {
+        missing.push(format!(
+            "its vote is in term {} but a vote in term {} was on disk before",
+            found.vote_term, watermark.vote_term
+        ));
+    }
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(missing.join("; "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn marks(log_index: u64, vote_term: u64) -> Marks {
+        Marks {
+            log_index,
+            vote_term,
+        }
+    }
+
+    #[test]
+    fn slots_alternate_and_a_torn_slot_leaves_the_older_one() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        assert_eq!(read(dir.path()).expect("read"), None);
+        let w = Watermark::open(dir.path(), marks(5, 1)).expect("open");
+        assert_eq!(read(dir.path()).expect("read"), Some(marks(5, 1)));
+        w.voted(3).expect("vote");
+        w.flushed(9, w.epoch());
+        w.write_flushed().expect("write");
+        assert_eq!(read(dir.path()).expect("read"), Some(marks(9, 3)));
+        // Tear the newest slot: the one before it is read.
+        let path = dir.path().join(FILE);
+        let mut bytes = std::fs::read(&path).expect("file");
+        let newest = (w.slots().seq % 2) as usize * SLOT_BYTES;
+        bytes[newest + 20] ^= 0xff;
+        std::fs::write(&path, &bytes).expect("tear");
+        assert_eq!(read(dir.path()).expect("read"), Some(marks(5, 3)));
+        // Both torn: an error, never a made-up watermark.
+        bytes[(1 - newest / SLOT_BYTES) * SLOT_BYTES + 3] ^= 0xff;
+        std::fs::write(&path, &bytes).expect("tear");
+        assert!(read(dir.path()).is_err());
+    }
+
+    #[test]
+    fn a_truncation_lowers_the_watermark_and_older_flushes_cannot_raise_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let w = Watermark::open(dir.path(), marks(0, 1)).expect("open");
+        let before = w.epoch();
+        w.flushed(100, before);
+        w.write_flushed().expect("write");
+        assert_eq!(w.marks(), marks(100, 1));
+        w.truncating(90).expect("truncate");
+        assert_eq!(read(dir.path()).expect("read"), Some(marks(90, 1)));
+        // A flush of appends written before the truncation comes late: ignored.
+        w.flushed(100, before);
+        w.write_flushed().expect("write");
+        assert_eq!(w.marks().log_index, 90);
+        // New appends after it count.
+        w.flushed(93, w.epoch());
+        w.write_flushed().expect("write");
+        assert_eq!(w.marks().log_index, 93);
+    }
+
+    #[test]
+    fn the_store_is_checked_against_the_watermark() {
+        assert_eq!(check(marks(10, 2), marks(10, 2)), Ok(()));
+        assert_eq!(check(marks(12, 3), marks(10, 2)), Ok(()));
+        let err = check(marks(7, 2), marks(10, 2)).expect_err("lost log");
+        assert!(err.contains("ends at index 7 but reached 10"), "{err}");
+        let err = check(marks(10, 1), marks(10, 2)).expect_err("lost vote");
+        assert!(err.contains("term 1"), "{err}");
+    }
+
+    #[test]
+    fn the_lazy_writer_catches_up_and_stops() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let w = Watermark::open(dir.path(), marks(0, 0)).expect("open");
+        let thread = std::thread::spawn({
+            let w = w.clone();
+            move || w.run_writer()
+        });
+        w.flushed(42, w.epoch());
+        w.stop();
+        thread.join().expect("writer");
+        assert_eq!(read(dir.path()).expect("read"), Some(marks(42, 0)));
+        assert_eq!(w.failure(), None);
+    }
+}

@@ -1,0 +1,234 @@
+//! A node whose disk lost or damaged what it had fsynced must notice (DESIGN.md, "Durability":
+//! never a quiet truncation), and come back by itself under its own id without a vote: a
+//! learner until it holds the log again, then a voter (docs/operations.md, "When a disk lies,
+//! fills up or fails"). Meanwhile the rest of the cluster serves every acknowledged record.
+//! The faults:
+//! - bytes flipped in the middle of its newest write-ahead log (RocksDB's checksums see it);
+//! - its newest write-ahead log cut short (a clean tail that RocksDB alone cannot tell from a
+//!   torn write: the durable watermark, or the leader's record of what it acknowledged, sees it);
+//! - both, while every node was down and nobody remembers what it acknowledged;
+//! - its data directory wiped (the cluster knows it as a voter that had the log).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::{Cluster, Load};
+use raftq_client::api::{ClusterStatus, TopicConfig};
+
+/// The newest write-ahead log file of a node's RocksDB, and its size.
+fn newest_wal(data: &Path) -> (PathBuf, u64) {
+    let db = data.join("db");
+    let mut wals: Vec<(u64, PathBuf, u64)> = std::fs::read_dir(&db)
+        .unwrap_or_else(|e| panic!("listing {}: {e}", db.display()))
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let path = e.path();
+            let name = path.file_name()?.to_str()?.to_string();
+            let number: u64 = name.strip_suffix(".log")?.parse().ok()?;
+            let size = e.metadata().ok()?.len();
+            Some((number, path, size))
+        })
+        .collect();
+    wals.sort();
+    let (_, path, size) = wals
+        .pop()
+        .unwrap_or_else(|| panic!("no write-ahead log in {}", db.display()));
+    (path, size)
+}
+
+/// Flips a few bytes at `fraction` of the file, or cuts it there.
+fn damage(wal: &Path, size: u64, how: &str, fraction: f64) {
+    let at = (size as f64 * fraction) as u64;
+    match how {
+        "flip" => {
+            let mut bytes = std::fs::read(wal).expect("read the WAL");
+            for b in &mut bytes[at as usize..at as usize + 8] {
+                *b ^= 0x5a;
+            }
+            std::fs::write(wal, &bytes).expect("write the damaged WAL");
+        }
+        "cut" => std::fs::OpenOptions::new()
+            .write(true)
+            .open(wal)
+            .and_then(|f| f.set_len(at))
+            .expect("truncate the WAL"),
+        other => panic!("unknown damage {other}"),
+    }
+}
+
+/// A cluster with 400 acknowledged records in topic `kept`, every node caught up, and one
+/// follower SIGKILLed.
+async fn cluster_with_a_stopped_follower() -> (Cluster, u64, u64) {
+    let c = Cluster::start(3).await;
+    let client = c.client();
+    if let Err(e) = client.create_topic("kept", &TopicConfig::default()).await {
+        c.fail(&format!("creating kept: {e}"));
+    }
+    let histories = Load::start(&client, "kept", 2, 200)
+        .finish(&c, Duration::from_secs(60))
+        .await;
+    let acked: usize = histories.iter().map(|h| h.acked.len()).sum();
+    assert_eq!(
+        acked, 400,
+        "every publish is acknowledged on a healthy cluster"
+    );
+    c.wait_converged("kept").await;
+    let follower = c.follower_id().await;
+    c.kill(follower);
+    (c, follower, acked as u64)
+}
+
+/// Whether `node` is a voter, as the leader says.
+async fn is_voter(c: &Cluster, node: u64) -> Result<bool, String> {
+    let leader = c.wait_leader(Duration::from_secs(20)).await;
+    let s: ClusterStatus = c.status(leader).await?;
+    s.members
+        .iter()
+        .find(|m| m.id == node)
+        .map(|m| m.voter)
+        .ok_or_else(|| format!("node {node} is not a member: {s:?}"))
+}
+
+/// The damaged node noticed, came back as a learner, caught up and votes again; it and the
+/// others hold every record and the same state; its damaged store is kept.
+async fn check_rejoined(c: &Cluster, node: u64, records: u64, damaged_kept: bool) {
+    c.wait_for(
+        &format!("node {node} to be a voter again"),
+        Duration::from_secs(60),
+        || async {
+            match is_voter(c, node).await? {
+                true => Ok(()),
+                false => Err(format!("node {node} is still a learner")),
+            }
+        },
+    )
+    .await;
+    let log = c.log_since_last_start(node);
+    assert!(log.contains("is damaged"), "{}", common::tail(&log, 30));
+    assert!(
+        log.contains("the leader made this node a learner"),
+        "{}",
+        common::tail(&log, 30)
+    );
+    let leader = c.leader_id().await;
+    assert!(
+        c.log(leader)
+            .contains("is a learner until it has caught up"),
+        "the leader did not demote node {node}"
+    );
+    // Everything is there, through the rejoined node too, and the states are equal.
+    c.client()
+        .publish_records("kept", vec![raftq_client::api::RecordIn::text("after")])
+        .await
+        .unwrap_or_else(|e| c.fail(&format!("publishing after the rejoin: {e}")));
+    c.wait_converged("kept").await;
+    for id in c.ids() {
+        let records_here = c.read_all(id, "kept").await.len() as u64;
+        assert_eq!(records_here, records + 1, "node {id} holds {records_here}");
+    }
+    let digests = c.digests().await;
+    assert!(digests.iter().all(|d| *d == digests[0]), "{digests:?}");
+    let data = c.data_dir(node);
+    let kept = std::fs::read_dir(&data)
+        .expect("data dir")
+        .filter_map(Result::ok)
+        .any(|e| e.file_name().to_string_lossy().starts_with("damaged-"));
+    let marker = data.join(raftq::rejoin::MARKER);
+    c.wait_for(
+        "the rejoin marker to go",
+        Duration::from_secs(10),
+        || async {
+            if marker.exists() {
+                Err("still there".to_string())
+            } else {
+                Ok(())
+            }
+        },
+    )
+    .await;
+    assert_eq!(
+        kept, damaged_kept,
+        "a damaged store is kept aside for inspection (none when there was nothing)"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_wal_has_flipped_bytes_rejoins_as_a_learner() {
+    let (c, node, records) = cluster_with_a_stopped_follower().await;
+    let (wal, size) = newest_wal(&c.data_dir(node));
+    assert!(size > 10_000, "a write-ahead log of {size} bytes");
+    // At a tenth of the file: records after it were fsynced and acknowledged.
+    damage(&wal, size, "flip", 0.1);
+    c.restart(node).await;
+    check_rejoined(&c, node, records, true).await;
+    assert!(c.log(node).contains("RocksDB refuses to open it"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_wal_was_cut_short_rejoins_as_a_learner() {
+    let (c, node, records) = cluster_with_a_stopped_follower().await;
+    let (wal, size) = newest_wal(&c.data_dir(node));
+    // What follows the cut looks like a tail never written.
+    damage(&wal, size, "cut", 0.5);
+    c.restart(node).await;
+    check_rejoined(&c, node, records, true).await;
+    let log = c.log(node);
+    assert!(
+        log.contains("but reached") || log.contains("had acknowledged"),
+        "the node names what was lost: {}",
+        common::tail(&log, 30)
+    );
+}
+
+/// The bad day: every node down at once, one node's newest write-ahead log damaged, and that
+/// node started first, while no leader remembers what it acknowledged. Only what the node
+/// itself recorded (RocksDB's checksums, the durable watermark) can tell; it must not vote, so
+/// it waits for the others, and then rejoins through their leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_damaged_while_every_node_was_down_waits_then_rejoins() {
+    for how in ["flip", "cut"] {
+        let (c, node, records) = cluster_with_a_stopped_follower().await;
+        c.kill_all();
+        let (wal, size) = newest_wal(&c.data_dir(node));
+        damage(&wal, size, how, 0.3);
+        c.start_node(node);
+        c.wait_for(
+            &format!("node {node} to notice the damage ({how})"),
+            Duration::from_secs(20),
+            || async {
+                let log = c.log_since_last_start(node);
+                if log.contains("waiting for a leader to make this node a learner") {
+                    Ok(())
+                } else {
+                    Err(common::tail(&log, 5))
+                }
+            },
+        )
+        .await;
+        // Meanwhile it takes part in nothing: no vote, no append, no client request.
+        let vote = c
+            .http()
+            .post(format!("{}/raft/vote", c.url(node)))
+            .header(common::SECRET_HEADER, common::SECRET)
+            .send()
+            .await;
+        assert!(vote.is_err(), "a node waiting to rejoin answered: {vote:?}");
+        for id in c.ids().into_iter().filter(|id| *id != node) {
+            c.restart(id).await;
+        }
+        check_rejoined(&c, node, records, true).await;
+    }
+}
+
+/// A voter whose data directory was wiped (a pod on a new volume) and that restarts under its
+/// own id rejoins the same way, catching up by snapshot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wiped_voter_rejoins_as_a_learner_then_votes_again() {
+    let (c, node, records) = cluster_with_a_stopped_follower().await;
+    std::fs::remove_dir_all(c.data_dir(node)).expect("wipe the data directory");
+    c.restart(node).await;
+    check_rejoined(&c, node, records, false).await;
+    assert!(c.log(node).contains("it is empty, but node"));
+}
