@@ -15,17 +15,23 @@
 #   CHAOS_HOSTS        netns (default: network namespaces) or docker (containers on a private
 #                      Docker network, from an image built out of the server binary; needs a
 #                      running Docker daemon, pulls nothing)
+#   CHAOS_OUT          the output directory (default: chaos-runs/<timestamp>/)
 #
 # Builds `raftq` and `raftq-jepsen` (release, into CARGO_TARGET_DIR, see lib.sh), installs
-# iproute2 and iptables when missing, and runs the matrix as root (through sudo when needed:
-# namespaces, veths, a bridge, containers' namespaces and iptables rules need it). Everything a
-# run creates on the machine is removed at the end, on Ctrl-C, and at the start of the next
-# run: with netns the namespaces rqj-n*, the bridge rqj0 and one FORWARD rule (traffic stays on
-# 10.231.0.0/24); with docker the containers rqj-n*, the network rqj-net (bridge rqjd0,
-# 10.232.0.0/24), one FORWARD rule and the image raftq-jepsen:local.
+# iproute2, iptables and faketime when missing, and runs the matrix as root (through sudo when
+# needed: namespaces, veths, a bridge, containers' namespaces, iptables rules and FUSE mounts
+# need it). Everything a run creates on the machine is removed at the end, on Ctrl-C, and at
+# the start of the next run: with netns the namespaces rqj-n*, the bridge rqj0 and one FORWARD
+# rule (traffic stays on 10.231.0.0/24); with docker the containers rqj-n*, the network rqj-net
+# (bridge rqjd0, 10.232.0.0/24), one FORWARD rule and the image raftq-jepsen:local.
 # Without a matrix argument the whole matrix runs: every scenario, the netem ones (packet
-# delay, loss, reordering) and the membership ones (membership-demote: a follower demoted to
-# learner for the fault window; membership-transfer: leadership moved every 1-2 s) included.
+# delay, loss, reordering), the membership ones (membership-demote: a follower demoted to
+# learner for the fault window; membership-transfer: leadership moved every 1-2 s) and the
+# disk and clock ones included. powerloss-all, powerloss-leader, disk-full and slow-fsync put
+# every node's data directory on a fault disk (a FUSE file system served by the harness: needs
+# /dev/fuse, and mounts as root without fusermount3); clock-jump and clock-strobe run every
+# node under libfaketime (Debian's faketime package). With --hosts docker those scenarios say
+# they are not supported, and the run fails (fault_not_applied).
 # Results go to chaos-runs/<timestamp>/ in the repository: per scenario history.jsonl,
 # results.json and the node logs; summary.md holds the table.
 #
@@ -56,7 +62,7 @@ for arg in "$@"; do
 done
 
 banner "setup"
-ensure_apt_packages iproute2 iptables
+ensure_apt_packages iproute2 iptables faketime
 if [[ "$HOSTS" == docker ]] && ! command -v docker >/dev/null 2>&1; then
     die "docker hosts need Docker (the engine and its CLI) with a running daemon"
 fi
@@ -73,8 +79,9 @@ fi
 cargo build --release -p raftq-jepsen
 [[ -x "$RAFTQ_BIN" ]] || die "no server binary at $RAFTQ_BIN"
 
-OUT="$RAFTQ_ROOT/chaos-runs/$(date -u +%Y%m%d-%H%M%S)"
+OUT="${CHAOS_OUT:-$RAFTQ_ROOT/chaos-runs/$(date -u +%Y%m%d-%H%M%S)}"
 mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd -P)"
 banner "chaos matrix: $DURATION per scenario, $WORKLOAD workload, $HOSTS hosts, into ${OUT#"$RAFTQ_ROOT"/}"
 status=0
 _as_root "$CARGO_TARGET_DIR/release/raftq-jepsen" matrix \

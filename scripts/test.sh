@@ -30,6 +30,8 @@ ensure_build_deps
 ensure_rust_components rustfmt clippy
 # The dashboard test loads the page in headless Chromium.
 ensure_apt_packages chromium fonts-dejavu-core
+# The clock test runs a node under a fake wall clock (libfaketime).
+ensure_apt_packages faketime
 info "cargo: $(cargo --version)"
 info "target dir: $CARGO_TARGET_DIR"
 if rocksdb_cold; then
@@ -51,9 +53,9 @@ step "API fuzzing: Schemathesis against /v1/openapi.json on one node" \
 if [[ "${RAFTQ_SKIP_CHAOS:-0}" == 1 && "${CI:-}" != true ]]; then
     info "RAFTQ_SKIP_CHAOS=1: chaos subset skipped"
 else
-    step "chaos subset: kill-leader, kill-all, pause-leader, partition-leader (queue, 10 s each)" \
-        scripts/chaos.sh 10s --scenarios kill-leader,kill-all,pause-leader,partition-leader
-    step "chaos negative control: kill-all against the no-WAL build must be judged INVALID" \
+    step "chaos subset: kill-leader, kill-all, pause-leader, partition-leader, powerloss-all, powerloss-leader, corrupt-minority, clock-jump (queue, 10 s each)" \
+        scripts/chaos.sh 10s --scenarios kill-leader,kill-all,pause-leader,partition-leader,powerloss-all,powerloss-leader,corrupt-minority,clock-jump
+    step "chaos negative control: powerloss-all against the early-flush build must lose some, not all, acknowledged records" \
         scripts/negative-control.sh 10s
 fi
 

@@ -11,9 +11,15 @@
 //!
 //! Either way each node has its own IP address and its own network namespace, so the network
 //! faults are the same code ([`net`]): a partition is a set of iptables rules inside the
-//! nodes' namespaces that cuts exactly the links it names, and an impairment (delay, jitter,
+//! nodes' namespaces that cuts exactly the links it names (a one-way cut drops one direction of
+//! a link only), and an impairment (delay, jitter,
 //! loss, reordering) is a netem qdisc on a node's interface, or, on kernels without netem, a
 //! userspace packet queue that does the same ([`nfqueue`]).
+//!
+//! Scenarios that need more than a namespace ask for it when the hosts are made
+//! ([`NodeEnv`]): fault disks under the nodes' data directories ([`Hosts::disk`],
+//! [`Hosts::power_loss`]) and fake wall clocks ([`Hosts::set_clock`]). The namespace hosts
+//! provide both; the Docker hosts neither (those faults fail, and the run with them).
 //!
 //! # Modules
 //! - [`net`]: what both share: running commands, entering a node's namespace, partition rules,
@@ -21,7 +27,9 @@
 //! - [`nfqueue`]: the userspace impairment (NFQUEUE) used when the kernel has no netem qdisc.
 //! - [`netns`], [`docker`]: the two kinds of hosts.
 
+use std::collections::BTreeMap;
 use std::future::Future;
+use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
@@ -41,6 +49,10 @@ pub trait Hosts: Send + Sync {
     fn start(&self, id: u64) -> impl Future<Output = anyhow::Result<()>> + Send;
     /// SIGKILLs node `id` and waits until it is gone.
     fn kill(&self, id: u64) -> impl Future<Output = anyhow::Result<()>> + Send;
+    /// SIGKILLs every running node at once (one signal for all where the hosts can: no node
+    /// outlives another by the time it takes to signal it) and waits until they are all gone.
+    /// Returns how it was done, for the fault's description.
+    fn kill_all(&self) -> impl Future<Output = anyhow::Result<String>> + Send;
     /// Freezes node `id` (SIGSTOP, or the container's cgroup freezer).
     fn pause(&self, id: u64) -> impl Future<Output = anyhow::Result<()>> + Send;
     /// Thaws node `id`.
@@ -52,7 +64,11 @@ pub trait Hosts: Send + Sync {
     /// (delay with jitter, loss, reordering). Replaces an earlier impairment of those nodes.
     fn impair(&self, ids: &[u64], netem: &Netem)
         -> impl Future<Output = anyhow::Result<()>> + Send;
-    /// Removes every network fault: partitions and impairments.
+    /// Drops every packet `from` sends to `to`, in one direction only, for each `(from, to)` of
+    /// `links` (at the receiver: what `to` receives from `from` is dropped; what `to` sends to
+    /// `from` still arrives). Replaces earlier one-way cuts; a partition in force stays.
+    fn cut_oneway(&self, links: &[(u64, u64)]) -> impl Future<Output = anyhow::Result<()>> + Send;
+    /// Removes every network fault: partitions, one-way cuts and impairments.
     fn heal(&self) -> impl Future<Output = anyhow::Result<()>> + Send;
     /// Stops node `id` gracefully (SIGTERM, SIGKILL after a grace period) and says how it
     /// ended: `exit status: N` when it exited by itself, `not running` when it was not.
@@ -66,12 +82,96 @@ pub trait Hosts: Send + Sync {
     /// True while the harness believes node `id` runs (started and not killed; a paused node
     /// runs).
     fn is_running(&self, id: u64) -> bool;
+
+    /// Node `id`'s data directory on this machine (for damaging its files while it is down).
+    fn data_dir(&self, id: u64) -> PathBuf;
+    /// How node `id` last ended, when it exited on its own rather than by the harness's hand
+    /// (`exit status: 70`); `None` while it runs, or when the harness killed or stopped it.
+    fn exit_status(&self, id: u64) -> Option<String>;
+    /// The fault controls of the file system under node `id`'s data directory: an error when
+    /// the hosts did not put the node on a fault disk ([`NodeEnv::fault_disks`]), or cannot.
+    fn disk(&self, id: u64) -> anyhow::Result<raftq_faultfs::Control>;
+    /// Power loss of the nodes `ids`: syncs still waiting on their disks are made to never
+    /// complete, the nodes are SIGKILLed (every node of the hosts: one signal to the nodes'
+    /// process group), and as soon as they are dead (or after a short wait for threads stuck
+    /// in such a sync) every unsynced write on their disks is dropped; then they are reaped and
+    /// the fsync delay is zero again. What each disk lost, by node.
+    fn power_loss(&self, ids: &[u64]) -> impl Future<Output = anyhow::Result<PowerLoss>> + Send;
+    /// Steps node `id`'s wall clock to `offset_ms` away from the true time (its monotonic
+    /// clock is not touched): an error when the hosts did not start the node under a fake
+    /// clock ([`NodeEnv::fake_clock`]), or cannot.
+    fn set_clock(&self, id: u64, offset_ms: i64) -> anyhow::Result<()>;
     /// The ids of the nodes that run, lowest first.
     fn running_ids(&self) -> Vec<u64> {
         self.ids()
             .into_iter()
             .filter(|id| self.is_running(*id))
             .collect()
+    }
+}
+
+/// The cluster secret every node is started with (written to the run directory's
+/// `cluster.secret`); the harness sends it to read a node's `/raft/status`.
+pub const CLUSTER_SECRET: &str = "raftq-jepsen-cluster-secret-0c4e5b7a91";
+/// The header that carries the cluster secret.
+pub const SECRET_HEADER: &str = "x-raftq-cluster-secret";
+
+/// Where libfaketime usually is (Debian's `libfaketime` package, by architecture; a source
+/// build's default prefix).
+pub const FAKETIME_CANDIDATES: [&str; 4] = [
+    "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
+    "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
+    "/usr/lib/faketime/libfaketime.so.1",
+    "/usr/local/lib/faketime/libfaketime.so.1",
+];
+
+/// The first of [`FAKETIME_CANDIDATES`] that exists.
+pub fn find_faketime() -> Option<PathBuf> {
+    FAKETIME_CANDIDATES
+        .iter()
+        .map(Path::new)
+        .find(|p| p.is_file())
+        .map(Path::to_path_buf)
+}
+
+/// What the nodes run on besides their own namespace, for the scenarios that need it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeEnv {
+    /// Every node's data directory is a fault disk of its own ([`raftq_faultfs`]), mounted at
+    /// setup over a backing directory beside it and unmounted at teardown.
+    pub fault_disks: bool,
+    /// Every node runs under libfaketime (this library), its wall clock at the true time until
+    /// [`Hosts::set_clock`] moves it.
+    pub fake_clock: Option<PathBuf>,
+    /// With a fake clock, step the monotonic clock along with the wall clock: a fault no server
+    /// can mask, which makes its stamps jump; only to show that the clock checks can fail.
+    pub fake_monotonic: bool,
+}
+
+/// What one disk lost in a power loss.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Dropped {
+    /// Files restored to their synced content.
+    pub files: u64,
+    /// Unsynced bytes they had (written since their last sync, and lost).
+    pub bytes: u64,
+    /// Syncs that were still waiting and failed instead of completing.
+    pub failed_fsyncs: u64,
+}
+
+/// What a power loss did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct PowerLoss {
+    /// How the nodes were killed.
+    pub how: String,
+    /// What each node's disk lost.
+    pub dropped: BTreeMap<u64, Dropped>,
+}
+
+impl PowerLoss {
+    /// Unsynced bytes lost on every disk together.
+    pub fn bytes(&self) -> u64 {
+        self.dropped.values().map(|d| d.bytes).sum()
     }
 }
 

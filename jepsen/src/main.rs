@@ -12,9 +12,22 @@
 //! for a leader, create the workload's topic, then run the workload and the nemesis together for the
 //! duration. Then heal every fault, resume and start every node, wait for a leader that all
 //! nodes agree on, make every node a voter again (the membership faults demote nodes), drain
-//! (queue) and read the whole topic through each node. The history goes
+//! (queue; the drain acks everything it pulls) and read the whole topic through each node, then
+//! compare every node's state digest at one index. The history goes
 //! to `history.jsonl`, the checkers' reports to `results.json`, a picture of throughput and
 //! latency over time with the fault windows shaded to `timeline.svg`, and one table row to stdout.
+//!
+//! Besides the checkers' anomalies, a run's verdict has the run's own: `ack_unknown_lost`
+//! (queue: records whose only ack had an unknown outcome, that the subscription's own count of
+//! acks after a complete drain says were never acked: see
+//! [`raftq_jepsen::checker::queue::check_ack_count`]), `digest_mismatch` (the
+//! nodes' state machines differ at one index, or never reach one index: see
+//! [`raftq_jepsen::workload::digest`]), `fault_not_applied` (a fault of the scenario could not
+//! be applied or undone) and `no_fault` (a scenario other than `none` applied no fault at all).
+//! Each makes the run invalid.
+//!
+//! Two runs may share a machine when their `--name-prefix` and `--subnet` differ (the
+//! namespaces, bridge and veths, or containers, network and image, are named after the prefix).
 //!
 //! Exit status: 0 when every run is valid, 1 when a checker found an anomaly, 2 when the
 //! harness itself failed (130 when interrupted; everything it created is removed first).
@@ -28,19 +41,23 @@ use anyhow::{bail, Context as _};
 use clap::{Args, Parser, Subcommand};
 use serde::Serialize;
 
-use raftq_jepsen::checker::{check_queue, check_stream, QueueOptions, Verdict};
+use raftq_jepsen::checker::queue::RetentionTopic;
+use raftq_jepsen::checker::{
+    check_ack_count, check_queue, check_stream, AckCount, QueueOptions, QueueReport, Verdict,
+};
 use raftq_jepsen::history::{read_jsonl, Event, History};
 use raftq_jepsen::hosts::docker::{DockerConfig, DockerHosts};
 use raftq_jepsen::hosts::netns::{NetnsConfig, NetnsHosts};
-use raftq_jepsen::hosts::Hosts;
+use raftq_jepsen::hosts::{Hosts, NodeEnv};
 use raftq_jepsen::nemesis::{self, Scenario};
+use raftq_jepsen::workload::digest::{self, DigestReport};
 use raftq_jepsen::workload::http::Http;
 use raftq_jepsen::workload::{self, queue, stream, Ctx, FinalReads, Workload};
 
 /// How long a fresh or healed cluster may take to agree on a leader.
 const LEADER_TIMEOUT: Duration = Duration::from_secs(20);
 /// Wall-time allowance on top of the duration: setup, final phase, shutdown.
-const OVERHEAD_LIMIT: Duration = Duration::from_secs(90);
+const OVERHEAD_LIMIT: Duration = Duration::from_secs(120);
 /// Lines of each node's log shown when the harness fails.
 const LOG_TAIL: usize = 15;
 
@@ -62,6 +79,10 @@ enum Command {
     Matrix(MatrixArgs),
     /// Judges a recorded history again.
     Check(CheckArgs),
+    /// The negative control's verdict on a run's `results.json`: exits 0 only when the run is
+    /// INVALID because some, but not all, acknowledged records were lost (and its faults all
+    /// happened); 1 otherwise.
+    ExpectLoss(ExpectLossArgs),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -155,9 +176,23 @@ struct Common {
     /// 10.232.0 for docker).
     #[arg(long)]
     subnet: Option<String>,
+    /// Prefix of the names of everything the hosts create (namespaces `<prefix>-nN`, bridge
+    /// `<prefix>0`, veths; containers, network and image): at most 8 letters or digits. Give
+    /// two runs on one machine different prefixes and subnets.
+    #[arg(long, default_value = "rqj")]
+    name_prefix: String,
     /// Keep the nodes' data directories of valid runs too (invalid runs always keep them).
     #[arg(long)]
     keep_data: bool,
+    /// libfaketime, for the clock scenarios (default: where Debian's `faketime` package puts
+    /// it).
+    #[arg(long, env = "FAKETIME_LIB")]
+    faketime_lib: Option<PathBuf>,
+    /// In the clock scenarios, step the nodes' monotonic clocks along with their wall clocks:
+    /// a fault no server can mask (its own time leaps), to show that the clock checks see
+    /// early expiries and deletions. Such a run must be INVALID.
+    #[arg(long)]
+    fake_monotonic: bool,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -167,9 +202,22 @@ struct CheckArgs {
     history: PathBuf,
     #[arg(long, value_enum, default_value = "queue")]
     workload: Workload,
-    /// The subscription's lease length in the run.
+    /// The subscription's lease length in the run (the clock scenarios use 20000).
     #[arg(long, default_value_t = 3000)]
     ack_timeout_ms: u64,
+    /// The topic with retention by age, if the run had one (the clock scenarios:
+    /// `jepsen-aged`), and its maximum age.
+    #[arg(long, requires = "max_age_ms")]
+    retention_topic: Option<String>,
+    #[arg(long, requires = "retention_topic")]
+    max_age_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone, Args)]
+struct ExpectLossArgs {
+    /// The `results.json` of the run.
+    #[arg(long)]
+    results: PathBuf,
 }
 
 /// `20s`, `2m`, `1500ms`, `1h`, or a number of seconds.
@@ -280,15 +328,44 @@ struct RunResults {
     #[serde(skip_serializing_if = "Option::is_none")]
     log_checker: Option<serde_json::Value>,
     faults: Vec<nemesis::Applied>,
+    /// `corrupt-minority`: how the nodes restarted on damaged data fared.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    damage: Option<DamageSummary>,
+    /// The queue checker's options (lease, retention topic), to judge the history again.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    queue_options: Option<QueueOptions>,
     /// Whether a leader was agreed on after healing.
     healed_leader: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     drain: Option<queue::DrainReport>,
     final_reads: FinalReads,
+    /// The final reads of the topic with retention by age (clock scenarios).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    aged_reads: Option<FinalReads>,
+    /// The server's count of acks against the history's, after a complete drain (queue).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ack_count: Option<AckCount>,
+    /// Every node's state digest at one index, after the final reads (`None`: not compared,
+    /// as there was no leader after healing).
+    digest: Option<DigestReport>,
     /// How each node exited at the end (SIGTERM).
     node_exits: BTreeMap<u64, String>,
     /// Things worth a look that are not anomalies.
     notes: Vec<String>,
+}
+
+/// How the nodes restarted on damaged data fared (`corrupt-minority`).
+#[derive(Debug, Serialize)]
+struct DamageSummary {
+    /// Starts that were refused: the node exited (its message must say "is damaged").
+    refused: u64,
+    /// Starts that went ahead after the node said its data "is damaged", and caught up from
+    /// the others (a rejoin).
+    rejoined: u64,
+    /// Starts that went ahead on damaged data without a word about it (a finding to look at).
+    silent: u64,
+    /// Refusals whose message did not say "is damaged".
+    unreported: Vec<String>,
 }
 
 /// What a finished run hands back to the table.
@@ -374,20 +451,62 @@ async fn run_scenario(
         HostsKind::Netns => {
             let mut cfg = NetnsConfig::new(bin.clone(), out.clone());
             cfg.subnet = subnet;
-            let hosts = NetnsHosts::create(cfg)?;
+            cfg.prefix = common.name_prefix.clone();
+            cfg.env = node_env(common, scenario)?;
+            let hosts = tokio::task::spawn_blocking(move || NetnsHosts::create(cfg)).await??;
             supervise(&hosts, common, scenario, &out, seed, &bin).await
         }
         HostsKind::Docker => {
             let mut cfg = DockerConfig::new(bin.clone(), out.clone());
             cfg.subnet = subnet;
+            if common.name_prefix != cfg.prefix {
+                cfg.image = format!("raftq-jepsen-{}:local", common.name_prefix);
+                cfg.prefix = common.name_prefix.clone();
+            }
             let hosts = tokio::task::spawn_blocking(move || DockerHosts::create(cfg)).await??;
             supervise(&hosts, common, scenario, &out, seed, &bin).await
         }
     }
 }
 
+/// What the scenario's nodes run on: fault disks, a fake clock.
+fn node_env(common: &Common, scenario: Scenario) -> anyhow::Result<NodeEnv> {
+    let fake_clock = if scenario.needs_fake_clock() {
+        let lib = common
+            .faketime_lib
+            .clone()
+            .or_else(raftq_jepsen::hosts::find_faketime)
+            .with_context(|| {
+                format!(
+                    "{scenario} runs the nodes under libfaketime, which is not installed (looked \
+                     at {:?}): install Debian's faketime package (apt-get install faketime) or \
+                     pass --faketime-lib",
+                    raftq_jepsen::hosts::FAKETIME_CANDIDATES
+                )
+            })?;
+        Some(lib)
+    } else {
+        None
+    };
+    Ok(NodeEnv {
+        fault_disks: scenario.needs_fault_disks(),
+        fake_clock,
+        fake_monotonic: common.fake_monotonic,
+    })
+}
+
+/// What a run leaves of the nodes' data besides `nodeN/`: the fault disks' backing
+/// directories, pre-damage copies and clock files.
+fn data_paths(out: &Path, id: u64) -> Vec<PathBuf> {
+    ["", ".disk", ".pre-damage", ".faketime"]
+        .iter()
+        .map(|suffix| out.join(format!("node{id}{suffix}")))
+        .collect()
+}
+
 /// Runs the scenario on `hosts` within the time limit, stops on Ctrl-C or SIGTERM, shows the
-/// nodes' logs when the harness fails, and tears the hosts down in every case.
+/// nodes' logs when the harness fails, and tears the hosts down in every case (then removes
+/// the nodes' data of a valid run, unless asked to keep it).
 async fn supervise<H: Hosts>(
     hosts: &H,
     common: &Common,
@@ -420,6 +539,19 @@ async fn supervise<H: Hosts>(
         }
     }
     hosts.teardown();
+    if let Ok((verdict, _)) = &result {
+        if verdict.valid && !common.keep_data {
+            for id in hosts.ids() {
+                for path in data_paths(out, id) {
+                    if path.is_dir() {
+                        let _ = std::fs::remove_dir_all(&path);
+                    } else {
+                        let _ = std::fs::remove_file(&path);
+                    }
+                }
+            }
+        }
+    }
     result
 }
 
@@ -445,12 +577,15 @@ async fn scenario_body<H: Hosts>(
         wall.elapsed().as_secs_f64()
     );
 
-    let settings = workload::Settings {
+    let mut settings = workload::Settings {
         publishers: common.publishers,
         consumers: common.consumers,
         max_ops: common.max_ops,
         ..workload::Settings::default()
     };
+    if scenario.needs_fake_clock() && common.workload == Workload::Queue {
+        settings = settings.clock_checks();
+    }
     match common.workload {
         Workload::Queue => queue::setup(&http, &settings).await?,
         Workload::Stream => stream::setup(&http, &settings).await?,
@@ -512,7 +647,8 @@ async fn scenario_body<H: Hosts>(
             }
         }
     }
-    let (drain, final_reads) = match healed_leader {
+    let mut aged_final = None;
+    let (drain, final_reads, digests) = match healed_leader {
         Some(leader) => {
             nemesis::say(&history, &format!("healed; leader {leader}; final phase"));
             let drain = match common.workload {
@@ -531,7 +667,20 @@ async fn scenario_body<H: Hosts>(
             };
             let reads = workload::final_reads(&ctx, leader).await;
             eprintln!("final reads (records per node): {:?}", reads.records);
-            (drain, reads)
+            if let Some(aged) = &settings.aged {
+                let aged_reads = workload::final_reads_of(&ctx, leader, &aged.topic).await;
+                eprintln!(
+                    "final reads of {} (records per node): {:?}",
+                    aged.topic, aged_reads.records
+                );
+                aged_final = Some(aged_reads);
+            }
+            let digests = digest::compare(&http, &ids, digest::DIGEST_TIMEOUT).await;
+            eprintln!(
+                "state digests: {} ({} rounds, {} ms)",
+                digests.detail, digests.rounds, digests.millis
+            );
+            (drain, reads, Some(digests))
         }
         None => {
             notes.push(format!(
@@ -539,14 +688,78 @@ async fn scenario_body<H: Hosts>(
                  or reads (what was not delivered counts as lost)"
             ));
             eprintln!("warning: {}", notes.last().map_or("", String::as_str));
-            (None, FinalReads::default())
+            (None, FinalReads::default(), None)
         }
     };
 
     let events = history.events();
     history.write_jsonl(out.join("history.jsonl"))?;
     std::fs::write(out.join("timeline.svg"), raftq_jepsen::plot::svg(&events))?;
-    let (verdict, checker, log_checker) = judge(&events, common.workload, &settings, scenario);
+    let (mut verdict, checker, log_checker) = judge(&events, common.workload, &settings, scenario);
+    // The run's own checks: the records whose ack was in doubt, by the server's count of acks
+    // (queue, after a complete drain); the nodes' states; the faults themselves.
+    let mut ack_count = None;
+    if let Some(drain) = drain.as_ref().filter(|d| d.complete) {
+        let report = serde_json::from_value::<QueueReport>(checker.clone());
+        if let (Some(server), Ok(report)) = (drain.server_acked, report) {
+            let count = check_ack_count(&report, server);
+            verdict.add("ack_unknown_lost", count.lost, true);
+            if server != count.acked_records + count.ack_unknown_records {
+                notes.push(format!("ack count: {}", count.detail));
+            }
+            ack_count = Some(count);
+        }
+    }
+    if let Some(digests) = &digests {
+        verdict.add("digest_mismatch", digests.mismatches(), true);
+        if !digests.consistent {
+            notes.push(format!("digest_mismatch: {}", digests.detail));
+        }
+    }
+    let fault_check = nemesis::check_faults(scenario, &faults);
+    verdict.add(
+        "fault_not_applied",
+        fault_check.not_applied.len() as u64,
+        true,
+    );
+    verdict.add("no_fault", u64::from(fault_check.no_fault), true);
+    for failed in &fault_check.not_applied {
+        notes.push(format!("fault_not_applied: {failed}"));
+    }
+    let damage = (scenario == Scenario::CorruptMinority).then(|| {
+        verdict.add(
+            "damage_unreported",
+            fault_check.damage_unreported.len() as u64,
+            true,
+        );
+        notes.push(format!(
+            "damaged data: {} start(s) refused, {} rejoined (said \"{}\" and caught up), {} \
+             went ahead on damaged data without a word",
+            fault_check.damage_refused,
+            fault_check.damage_rejoined,
+            nemesis::disk::DAMAGED,
+            fault_check.damage_silent
+        ));
+        for unreported in &fault_check.damage_unreported {
+            notes.push(format!(
+                "damage_unreported: refused without saying \"{}\": {unreported}",
+                nemesis::disk::DAMAGED
+            ));
+        }
+        DamageSummary {
+            refused: fault_check.damage_refused,
+            rejoined: fault_check.damage_rejoined,
+            silent: fault_check.damage_silent,
+            unreported: fault_check.damage_unreported.clone(),
+        }
+    });
+    notes.extend(fault_check.notes.iter().cloned());
+    if fault_check.no_fault {
+        notes.push(format!(
+            "no_fault: scenario {scenario} applied no fault in {:?} (quiet {:?}, hold {:?})",
+            common.duration, timing.quiet, timing.hold
+        ));
+    }
 
     // Stop every node gracefully: a node that does not exit 0 on SIGTERM is worth a note.
     let stops = ids
@@ -559,11 +772,6 @@ async fn scenario_body<H: Hosts>(
             notes.push(format!("node {id} did not exit cleanly on SIGTERM: {text}"));
         }
         node_exits.insert(id, text);
-    }
-    for fault in &faults {
-        if let Some(error) = &fault.error {
-            notes.push(format!("fault {}: {error}", fault.fault.describe()));
-        }
     }
 
     let results = RunResults {
@@ -579,9 +787,14 @@ async fn scenario_body<H: Hosts>(
         checker,
         log_checker,
         faults,
+        damage,
+        queue_options: (common.workload == Workload::Queue).then(|| queue_options(&settings)),
         healed_leader,
         drain,
         final_reads,
+        aged_reads: aged_final,
+        ack_count,
+        digest: digests,
         node_exits,
         notes: notes.clone(),
     };
@@ -589,12 +802,17 @@ async fn scenario_body<H: Hosts>(
         out.join("results.json"),
         serde_json::to_string_pretty(&results)?,
     )?;
-    if verdict.valid && !common.keep_data {
-        for id in &ids {
-            let _ = std::fs::remove_dir_all(out.join(format!("node{id}")));
-        }
-    }
     Ok((verdict, notes))
+}
+
+/// The queue checker's options for a run with `settings`.
+fn queue_options(settings: &workload::Settings) -> QueueOptions {
+    QueueOptions {
+        ack_timeout_ms: settings.ack_timeout_ms,
+        // The workload's subscription has no dead-letter topic.
+        dead_letter_topic: None,
+        retention: settings.aged.clone(),
+    }
 }
 
 /// Runs the checkers that fit the workload: the combined verdict and the full reports.
@@ -606,15 +824,17 @@ fn judge(
 ) -> (Verdict, serde_json::Value, Option<serde_json::Value>) {
     match workload {
         Workload::Queue => {
-            let report = check_queue(
-                events,
-                &QueueOptions {
-                    ack_timeout_ms: settings.ack_timeout_ms,
-                },
-            );
+            let report = check_queue(events, &queue_options(settings));
             // The log underneath the queue: offsets, divergence, acknowledged values missing
-            // from the final reads.
-            let log = check_stream(events);
+            // from the final reads. Not of the topic with retention by age, whose records may
+            // legitimately be gone (the queue checker's `early_retention` judges it).
+            let aged = settings.aged.as_ref().map(|a| a.topic.as_str());
+            let log_events: Vec<Event> = events
+                .iter()
+                .filter(|e| aged.is_none() || e.op.topic() != aged)
+                .cloned()
+                .collect();
+            let log = check_stream(&log_events);
             let verdict = combine(
                 report.verdict(scenario.name()),
                 Some(log.verdict(scenario.name())),
@@ -756,6 +976,11 @@ fn check_history(args: &CheckArgs) -> anyhow::Result<ExitCode> {
     let events = read_jsonl(&args.history)?;
     let settings = workload::Settings {
         ack_timeout_ms: args.ack_timeout_ms,
+        aged: args
+            .retention_topic
+            .clone()
+            .zip(args.max_age_ms)
+            .map(|(topic, max_age_ms)| RetentionTopic { topic, max_age_ms }),
         ..workload::Settings::default()
     };
     let (verdict, checker, log) = judge(&events, args.workload, &settings, Scenario::None);
@@ -810,7 +1035,83 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
+        Command::ExpectLoss(args) => {
+            let judged = std::fs::read_to_string(&args.results)
+                .with_context(|| format!("cannot read {}", args.results.display()))
+                .and_then(|text| Ok(serde_json::from_str::<serde_json::Value>(&text)?))
+                .map(|results| expect_loss(&results));
+            match judged {
+                Ok((true, why)) => {
+                    println!("negative control passed: {why}");
+                    ExitCode::SUCCESS
+                }
+                Ok((false, why)) => {
+                    println!("negative control FAILED: {why}");
+                    ExitCode::from(1)
+                }
+                Err(err) => {
+                    eprintln!("raftq-jepsen: {err:#}");
+                    ExitCode::from(2)
+                }
+            }
+        }
     }
+}
+
+/// The negative control's verdict on a run's results: `(passed, why)`. It passes when the run
+/// is INVALID because some, but not all, acknowledged records were lost: `lost` among its
+/// failures with `0 < lost < acknowledged` by the queue checker (acknowledged records that no
+/// consumer ever had acked), or `log.lost` with `0 < lost < acknowledged` by the log checker
+/// (acknowledged records missing from the final reads: records that were acked before the
+/// power loss are lost from the log, though a consumer had them); and every fault of the run
+/// happened.
+fn expect_loss(results: &serde_json::Value) -> (bool, String) {
+    let verdict = &results["verdict"];
+    let failures: Vec<String> = verdict["failures"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|f| f.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    let valid = verdict["valid"].as_bool().unwrap_or(true);
+    let count = |report: &str| {
+        (
+            results[report]["lost"]["count"].as_u64().unwrap_or(0),
+            results[report]["acknowledged"].as_u64().unwrap_or(0),
+        )
+    };
+    let (lost, acknowledged) = count("checker");
+    let (log_lost, log_acknowledged) = count("log_checker");
+    let numbers = format!(
+        "queue checker: lost {lost} of {acknowledged} acknowledged; log checker: lost \
+         {log_lost} of {log_acknowledged}; verdict {}; failures {failures:?}",
+        if valid { "valid" } else { "INVALID" }
+    );
+    let failed = |name: &str| failures.iter().any(|f| f == name);
+    let some_not_all = |lost: u64, of: u64| lost > 0 && lost < of;
+    let faults_failed = failed("fault_not_applied") || failed("no_fault");
+    let partial = (failed("lost") && some_not_all(lost, acknowledged))
+        || (failed("log.lost") && some_not_all(log_lost, log_acknowledged));
+    let passed = !valid && partial && !faults_failed;
+    let why = if passed {
+        format!(
+            "the run is INVALID because some, not all, acknowledged records were lost: {numbers}"
+        )
+    } else if valid {
+        format!("the run was judged valid: the suite did not see the loss ({numbers})")
+    } else if faults_failed {
+        format!("the faults did not all happen, so the run proves nothing ({numbers})")
+    } else if lost == 0 && log_lost == 0 {
+        format!("the run is INVALID, but not because acknowledged records were lost ({numbers})")
+    } else {
+        format!(
+            "every acknowledged record was lost: a wiped cluster, not the loss of what was not \
+             yet synced ({numbers})"
+        )
+    };
+    (passed, why)
 }
 
 #[cfg(test)]
@@ -833,6 +1134,42 @@ mod tests {
         assert!(parse_subnet("8.8.8").is_err());
         assert!(parse_subnet("10.1").is_err());
         assert!(parse_subnet("192.168.300").is_err());
+    }
+
+    #[test]
+    fn the_negative_control_passes_only_on_partial_loss() {
+        let results = |valid: bool, failures: &[&str], lost: u64, acknowledged: u64| {
+            serde_json::json!({
+                "verdict": {"valid": valid, "failures": failures},
+                "checker": {"lost": {"count": lost}, "acknowledged": acknowledged},
+                "log_checker": {"lost": {"count": lost}, "acknowledged": acknowledged},
+            })
+        };
+        let (passed, why) = expect_loss(&results(false, &["lost", "log.lost"], 12, 900));
+        assert!(passed, "{why}");
+        assert!(why.contains("lost 12 of 900 acknowledged"), "{why}");
+        // Lost from the log only: acked by a consumer before the power loss, gone since.
+        let log_only = serde_json::json!({
+            "verdict": {"valid": false, "failures": ["log.lost", "delivery_after_ack"]},
+            "checker": {"lost": {"count": 0}, "acknowledged": 900},
+            "log_checker": {"lost": {"count": 95}, "acknowledged": 900},
+        });
+        let (passed, why) = expect_loss(&log_only);
+        assert!(passed, "{why}");
+        assert!(why.contains("log checker: lost 95 of 900"), "{why}");
+        // Judged valid: the suite did not see the loss.
+        assert!(!expect_loss(&results(true, &[], 0, 900)).0);
+        // Everything lost: a wiped cluster, not unsynced writes lost.
+        let (passed, why) = expect_loss(&results(false, &["lost"], 900, 900));
+        assert!(
+            !passed && why.contains("every acknowledged record was lost"),
+            "{why}"
+        );
+        // Invalid for another reason.
+        assert!(!expect_loss(&results(false, &["digest_mismatch"], 0, 900)).0);
+        // The fault did not happen: proves nothing, even with loss.
+        assert!(!expect_loss(&results(false, &["lost", "fault_not_applied"], 3, 900)).0);
+        assert!(!expect_loss(&serde_json::json!({})).0);
     }
 
     #[test]

@@ -6,7 +6,8 @@
 //!   drain.
 //! - [`stream`]: the stream workload: publishers and readers that move subscription cursors
 //!   with `from=next_offset`.
-//! - Both end with [`final_reads`]: the whole topic read through each node separately.
+//! - Both end with [`final_reads`]: the whole topic read through each node separately; then
+//!   [`digest::compare`]: every node's whole state, by digest, at one index.
 //!
 //! Every worker is one logical client at a time: it takes a [`Process`] from the history, and
 //! after an `info` completion it retires that process and continues under a fresh one.
@@ -24,6 +25,7 @@ use raftq_client::api::PublishResponse;
 use self::http::{Answer, Class, Http};
 use crate::history::{History, Op, OpResult, Process};
 
+pub mod digest;
 pub mod http;
 pub mod queue;
 pub mod stream;
@@ -70,6 +72,38 @@ pub struct Settings {
     pub max_ops: u64,
     /// Bound of the final drain.
     pub drain_timeout: Duration,
+    /// Queue: consumers that hold what they pull for part of its lease before acking it (see
+    /// [`Settings::clock_checks`]).
+    pub holders: usize,
+    /// A second topic, with retention by age, that one more publisher writes to and that is
+    /// read through every node at the end (see [`Settings::clock_checks`]).
+    pub aged: Option<crate::checker::queue::RetentionTopic>,
+}
+
+/// The clock scenarios' workload: the lease of [`Settings::clock_checks`].
+pub const CLOCK_ACK_TIMEOUT_MS: u64 = 20_000;
+/// The clock scenarios' retention topic and its maximum age.
+pub const AGED_TOPIC: &str = "jepsen-aged";
+pub const AGED_MAX_AGE_MS: u64 = 30_000;
+
+impl Settings {
+    /// The settings of the clock scenarios, where an early lease expiry or an early deletion
+    /// by age must be visible: leases of [`CLOCK_ACK_TIMEOUT_MS`], two consumers that hold each
+    /// pull's records for 20–80 % of the lease before acking them (so that at any moment some
+    /// leases have seconds to minutes left, which a clock that leapt would cut short), and a
+    /// topic with a maximum age of [`AGED_MAX_AGE_MS`] (records younger than that, in real
+    /// time, must all still be there at the end).
+    pub fn clock_checks(self) -> Settings {
+        Settings {
+            ack_timeout_ms: CLOCK_ACK_TIMEOUT_MS,
+            holders: 2,
+            aged: Some(crate::checker::queue::RetentionTopic {
+                topic: AGED_TOPIC.to_string(),
+                max_age_ms: AGED_MAX_AGE_MS,
+            }),
+            ..self
+        }
+    }
 }
 
 impl Default for Settings {
@@ -86,6 +120,8 @@ impl Default for Settings {
             publish_pause: Duration::from_millis(5),
             max_ops: 50_000,
             drain_timeout: Duration::from_secs(30),
+            holders: 0,
+            aged: None,
         }
     }
 }
@@ -334,13 +370,19 @@ pub async fn call<T: serde::de::DeserializeOwned>(
 /// (`duplicate: true`) instead of appending it twice. Following Jepsen, the retry is a new op of a new process; it carries the same value,
 /// so a value in the log at two offsets is a broken promise the checkers report.
 pub async fn publisher(ctx: &Ctx, slot: usize) {
+    publish_to(ctx, slot, &ctx.settings.topic, &format!("p{slot}")).await;
+}
+
+/// A publisher to `topic` as idempotent producer `producer` (values `<producer>-<n>`), as
+/// [`publisher`] describes.
+pub async fn publish_to(ctx: &Ctx, slot: usize, topic: &str, producer: &str) {
     let mut client = Client::new(&ctx.history, first_node(ctx, slot));
-    let producer = format!("p{slot}");
+    let producer = producer.to_string();
     let (mut sequence, mut n) = (0u64, 0u64);
     let mut retry: Option<String> = None;
     // Whether some attempt of the current batch has an unknown outcome.
     let mut unknown = false;
-    let path = ctx.topic_path("/records");
+    let path = format!("/v1/topics/{topic}/records");
     while ctx.may_invoke() {
         let value = retry.take().unwrap_or_else(|| {
             n += 1;
@@ -352,7 +394,7 @@ pub async fn publisher(ctx: &Ctx, slot: usize) {
             "sequence": sequence,
         });
         let op = Op::Publish {
-            topic: ctx.settings.topic.clone(),
+            topic: topic.to_string(),
             values: vec![value.clone()],
             producer_id: Some(producer.clone()),
             sequence: Some(sequence),
@@ -404,6 +446,11 @@ pub struct FinalReads {
 /// applied everything the leader had committed, so that a lagging follower is not mistaken
 /// for a divergent one.
 pub async fn final_reads(ctx: &Ctx, leader: u64) -> FinalReads {
+    final_reads_of(ctx, leader, &ctx.settings.topic).await
+}
+
+/// [`final_reads`] of `topic`.
+pub async fn final_reads_of(ctx: &Ctx, leader: u64, topic: &str) -> FinalReads {
     let http = &ctx.http;
     let timeout = ctx.settings.request_timeout;
     let commit_index = http
@@ -423,12 +470,10 @@ pub async fn final_reads(ctx: &Ctx, leader: u64) -> FinalReads {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        let mut handle = ctx.history.invoke(
-            client.process,
-            Some(node),
-            Op::final_read(&ctx.settings.topic, node),
-        );
-        match read_all(ctx, node).await {
+        let mut handle =
+            ctx.history
+                .invoke(client.process, Some(node), Op::final_read(topic, node));
+        match read_all(ctx, node, topic).await {
             Ok(records) => {
                 out.records.insert(node, Some(records.len()));
                 seen.push(records.clone());
@@ -461,12 +506,12 @@ pub async fn final_reads(ctx: &Ctx, leader: u64) -> FinalReads {
     out
 }
 
-/// Reads the whole topic through `node` alone, page by page.
-async fn read_all(ctx: &Ctx, node: u64) -> Result<Vec<(u64, String)>, Answer> {
+/// Reads the whole of `topic` through `node` alone, page by page.
+async fn read_all(ctx: &Ctx, node: u64, topic: &str) -> Result<Vec<(u64, String)>, Answer> {
     let mut records = Vec::new();
     let mut from = 0u64;
     loop {
-        let path = ctx.topic_path(&format!("/records?from={from}&max=1000"));
+        let path = format!("/v1/topics/{topic}/records?from={from}&max=1000");
         let answer = ctx
             .http
             .send(node, Method::GET, &path, None, ctx.settings.request_timeout)

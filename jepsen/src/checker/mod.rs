@@ -18,7 +18,7 @@ use crate::history::OpCounts;
 pub mod queue;
 pub mod stream;
 
-pub use queue::{check as check_queue, QueueOptions, QueueReport};
+pub use queue::{check as check_queue, check_ack_count, AckCount, QueueOptions, QueueReport};
 pub use stream::{check as check_stream, StreamReport};
 
 /// Most examples kept per anomaly.
@@ -107,6 +107,17 @@ impl Verdict {
             valid: failures.is_empty(),
             failures,
         }
+    }
+
+    /// Adds an anomaly found outside the history's checker (the run's own checks: state
+    /// digests, faults that could not be applied): its count, and when it is `fatal` and
+    /// occurred, a failure that makes the verdict invalid.
+    pub fn add(&mut self, name: &str, count: u64, fatal: bool) {
+        self.anomalies.insert(name.to_string(), count);
+        if fatal && count > 0 && !self.failures.iter().any(|f| f == name) {
+            self.failures.push(name.to_string());
+        }
+        self.valid = self.failures.is_empty();
     }
 
     /// A Markdown table of verdicts: scenario, checker, ops, ok/fail/info, the anomalies that

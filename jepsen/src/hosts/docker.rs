@@ -27,9 +27,13 @@
 //!
 //! # Faults
 //! - `kill`: `docker kill -s KILL`, then `docker wait`; `start`: `docker start`.
+//! - `kill_all`: one `docker kill -s KILL` naming every running container, then `docker wait`
+//!   for each. Docker has no one signal for several containers: the CLI asks the daemon to
+//!   kill each container, all requests at once, so the nodes die within milliseconds of each
+//!   other, not at the same instant as the network-namespace hosts' process group does.
 //! - `pause`/`resume`: `docker pause`/`docker unpause` (the cgroup freezer: the process is
 //!   frozen without a signal it could see).
-//! - `partition`, `impair`, `heal`: as [`super::net`] describes, inside each container's
+//! - `partition`, `cut_oneway`, `impair`, `heal`: as [`super::net`] describes, inside each container's
 //!   network namespace, entered from the host with `nsenter -t <pid> -n` (the image has no
 //!   `iptables` or `tc`; the host's are used). A restarted container has a fresh namespace:
 //!   the faults in force are put back into it right after `docker start`.
@@ -55,7 +59,7 @@ use super::net::{
     have, insert_forward_rule, lock, remove_forward_rules, require_root, run, run_quiet, NetFaults,
     NetNs, NodeNet,
 };
-use super::{Hosts, Netem};
+use super::{Hosts, Netem, PowerLoss};
 
 /// Address of the bridge (the harness's side, the network's gateway) in the subnet.
 const GATEWAY_HOST: u8 = 254;
@@ -503,11 +507,8 @@ impl DockerHosts {
         }
         std::fs::create_dir_all(&cfg.run_dir)
             .with_context(|| format!("cannot create {}", cfg.run_dir.display()))?;
-        std::fs::write(
-            cfg.secret_file(),
-            "raftq-jepsen-cluster-secret-0c4e5b7a91\n",
-        )
-        .context("cannot write the secret file")?;
+        std::fs::write(cfg.secret_file(), format!("{}\n", super::CLUSTER_SECRET))
+            .context("cannot write the secret file")?;
         for id in 1..=cfg.nodes {
             std::fs::create_dir_all(cfg.data_dir(id))
                 .with_context(|| format!("cannot create {}", cfg.data_dir(id).display()))?;
@@ -616,6 +617,46 @@ impl Hosts for DockerHosts {
         .await?
     }
 
+    async fn kill_all(&self) -> anyhow::Result<String> {
+        let running: Vec<u64> = self
+            .ids()
+            .into_iter()
+            .filter(|id| self.node(*id).running)
+            .collect();
+        if running.is_empty() {
+            return Ok("no container was running".to_string());
+        }
+        let (cfg, nodes) = (Arc::clone(&self.cfg), Arc::clone(&self.nodes));
+        tokio::task::spawn_blocking(move || {
+            let names: Vec<String> = running.iter().map(|id| cfg.container(*id)).collect();
+            let mut args = vec!["kill", "--signal", "KILL"];
+            args.extend(names.iter().map(String::as_str));
+            if let Err(err) = run("docker", &args) {
+                // Fine for a container that had exited already; anything else is not.
+                let text = format!("{err:#}");
+                let unexpected = text
+                    .lines()
+                    .any(|l| l.contains("Error") && !l.contains("is not running"));
+                if unexpected {
+                    return Err(err.context(format!("cannot kill nodes {running:?}")));
+                }
+            }
+            for (id, name) in running.iter().zip(&names) {
+                run("docker", &["wait", name])
+                    .with_context(|| format!("cannot wait for killed node {id}"))?;
+                if let Some(node) = lock(&nodes).get_mut(id) {
+                    node.running = false;
+                    node.paused = false;
+                }
+            }
+            Ok(format!(
+                "one `docker kill -s KILL` of containers {}",
+                names.join(" ")
+            ))
+        })
+        .await?
+    }
+
     async fn pause(&self, id: u64) -> anyhow::Result<()> {
         let node = self.node(id);
         if !node.running || node.paused {
@@ -641,6 +682,12 @@ impl Hosts for DockerHosts {
         let (cfg, faults) = (Arc::clone(&self.cfg), Arc::clone(&self.faults));
         let (ids, netem) = (ids.to_vec(), *netem);
         tokio::task::spawn_blocking(move || faults.impair(&net_nodes(&cfg)?, &ids, &netem)).await?
+    }
+
+    async fn cut_oneway(&self, links: &[(u64, u64)]) -> anyhow::Result<()> {
+        let (cfg, faults) = (Arc::clone(&self.cfg), Arc::clone(&self.faults));
+        let links = links.to_vec();
+        tokio::task::spawn_blocking(move || faults.cut_oneway(&net_nodes(&cfg)?, &links)).await?
     }
 
     async fn heal(&self) -> anyhow::Result<()> {
@@ -718,6 +765,51 @@ impl Hosts for DockerHosts {
             }
         }
         running
+    }
+
+    fn data_dir(&self, id: u64) -> PathBuf {
+        self.cfg.data_dir(id)
+    }
+
+    /// The container's exit code when it is not running (Docker keeps the last one; after a
+    /// kill by the harness that is 137, which is not an exit of its own: `None` then).
+    fn exit_status(&self, id: u64) -> Option<String> {
+        if self.is_running(id) {
+            return None;
+        }
+        let code = run(
+            "docker",
+            &[
+                "inspect",
+                "--format",
+                "{{.State.ExitCode}}",
+                &self.cfg.container(id),
+            ],
+        )
+        .ok()?;
+        let code = code.trim();
+        (code != "137").then(|| format!("exit status: {code}"))
+    }
+
+    fn disk(&self, id: u64) -> anyhow::Result<raftq_faultfs::Control> {
+        bail!(
+            "fault disks are not supported with --hosts docker (node {id}'s data directory is a \
+             bind mount, not a fault file system): run this scenario with --hosts netns"
+        )
+    }
+
+    async fn power_loss(&self, ids: &[u64]) -> anyhow::Result<PowerLoss> {
+        bail!(
+            "power loss needs fault disks, which are not supported with --hosts docker (nodes \
+             {ids:?} untouched): run this scenario with --hosts netns"
+        )
+    }
+
+    fn set_clock(&self, id: u64, offset_ms: i64) -> anyhow::Result<()> {
+        bail!(
+            "fake clocks (libfaketime) are not supported with --hosts docker (node {id}'s clock \
+             not moved by {offset_ms} ms): run this scenario with --hosts netns"
+        )
     }
 }
 

@@ -7,6 +7,11 @@
 //! namespaces:
 //! - partitions: iptables DROP rules on INPUT (source) and OUTPUT (destination) for the
 //!   address of every other node that shares no group with this one ([`partition_rules`]);
+//! - one-way cuts: a DROP rule on the receiver's INPUT for the sender's address only
+//!   ([`oneway_rules`]): packets from `a` to `b` are lost, packets from `b` to `a` arrive. TCP
+//!   needs both directions, so a connection either way stalls (its SYN or data gets through
+//!   one way, the answers never come back), as a real asymmetric fault makes it: a node keeps
+//!   hearing a peer that cannot hear it;
 //! - impairments: a netem qdisc on `eth0` (`tc qdisc replace dev eth0 root netem ...`). When
 //!   the kernel has no netem qdisc (found out at the first impairment, then kept), the same
 //!   impairment is done in userspace instead: an iptables rule on OUTPUT sends every packet
@@ -167,6 +172,24 @@ pub fn partition_rules(
     rules
 }
 
+/// The iptables commands that make node `id` drop what it receives over the one-way cuts
+/// `links` (`(from, to)`: packets from `from` to `to` are dropped, at `to`).
+pub fn oneway_rules(nodes: &[(u64, Ipv4Addr)], links: &[(u64, u64)], id: u64) -> Vec<Vec<String>> {
+    let mut rules = Vec::new();
+    for (from, to) in links {
+        if *to != id || from == to {
+            continue;
+        }
+        if let Some((_, addr)) = nodes.iter().find(|(n, _)| n == from) {
+            let rule = strings(&["-A", "INPUT", "-s", &addr.to_string(), "-j", "DROP"]);
+            if !rules.contains(&rule) {
+                rules.push(rule);
+            }
+        }
+    }
+    rules
+}
+
 /// The iptables command that hands every packet leaving the node's interface to the userspace
 /// impairment. `--queue-bypass`: while no thread listens, packets pass untouched.
 pub fn queue_rule() -> Vec<String> {
@@ -240,6 +263,8 @@ enum Engine {
 struct FaultState {
     /// The partition in force.
     groups: Option<Vec<Vec<u64>>>,
+    /// The one-way cuts in force: `(from, to)`.
+    oneway: Vec<(u64, u64)>,
     /// The impairment in force, per node.
     netem: BTreeMap<u64, Netem>,
     /// Decided at the first impairment.
@@ -266,6 +291,16 @@ impl NetFaults {
         Ok(())
     }
 
+    /// Cuts the links `(from, to)` in one direction (replacing earlier one-way cuts).
+    pub fn cut_oneway(&self, nodes: &[NodeNet], links: &[(u64, u64)]) -> anyhow::Result<()> {
+        let mut state = lock(&self.state);
+        state.oneway = links.to_vec();
+        for node in nodes {
+            sync_filters(&state, node, nodes)?;
+        }
+        Ok(())
+    }
+
     /// Impairs what the nodes `ids` send (replacing an earlier impairment of them).
     pub fn impair(&self, nodes: &[NodeNet], ids: &[u64], netem: &Netem) -> anyhow::Result<()> {
         netem.validate()?;
@@ -282,6 +317,7 @@ impl NetFaults {
     pub fn heal(&self, nodes: &[NodeNet]) -> anyhow::Result<()> {
         let mut state = lock(&self.state);
         state.groups = None;
+        state.oneway.clear();
         let impaired: Vec<u64> = state.netem.keys().copied().collect();
         state.netem.clear();
         let mut first_error = None;
@@ -343,10 +379,11 @@ fn sync_filters(state: &FaultState, node: &NodeNet, nodes: &[NodeNet]) -> anyhow
     let Some(ns) = &node.ns else { return Ok(()) };
     flush_filters(ns)?;
     let mut rules = Vec::new();
+    let addrs: Vec<(u64, Ipv4Addr)> = nodes.iter().map(|n| (n.id, n.addr)).collect();
     if let Some(groups) = &state.groups {
-        let addrs: Vec<(u64, Ipv4Addr)> = nodes.iter().map(|n| (n.id, n.addr)).collect();
         rules = partition_rules(&addrs, groups, node.id);
     }
+    rules.extend(oneway_rules(&addrs, &state.oneway, node.id));
     if state.netem.contains_key(&node.id) && state.engine == Some(Engine::Queue) {
         rules.push(queue_rule());
     }
@@ -433,6 +470,30 @@ mod tests {
         let bridge = vec![vec![1, 2], vec![2, 3]];
         assert!(partition_rules(&nodes, &bridge, 2).is_empty());
         assert_eq!(partition_rules(&nodes, &bridge, 3).len(), 2);
+    }
+
+    #[test]
+    fn oneway_cuts_drop_one_direction_at_the_receiver() {
+        let nodes = addrs();
+        // Packets from 1 to 2 are dropped: node 2 drops what comes from 1; node 1 drops
+        // nothing, so what 2 sends to 1 arrives.
+        let links = [(1, 2)];
+        assert_eq!(
+            oneway_rules(&nodes, &links, 2)
+                .iter()
+                .map(|r| r.join(" "))
+                .collect::<Vec<_>>(),
+            vec!["-A INPUT -s 10.231.0.1 -j DROP"]
+        );
+        assert!(oneway_rules(&nodes, &links, 1).is_empty());
+        assert!(oneway_rules(&nodes, &links, 3).is_empty());
+        // Two links into one node, and nonsense (a node to itself, an unknown node) ignored.
+        let links = [(1, 3), (2, 3), (3, 3), (9, 3), (1, 3)];
+        assert_eq!(oneway_rules(&nodes, &links, 3).len(), 2);
+        // Never an OUTPUT rule: the sender's own stack is not told, the packet just vanishes.
+        assert!(oneway_rules(&nodes, &links, 3)
+            .iter()
+            .all(|r| r[1] == "INPUT" && !r.join(" ").contains(".254")));
     }
 
     #[test]

@@ -17,9 +17,19 @@
 //!   inserted at the top of the root namespace's FORWARD chain, tagged with a comment, and
 //!   removed at teardown. Nothing else in the root namespace changes.
 //!
+//! # Process group
+//! Every node process belongs to one process group, led by a sentinel (a child of the harness
+//! that only sleeps): the sentinel is spawned in a group of its own, and each node joins that
+//! group as it starts (`process_group(pgid)`). `kill_all` is then one `kill(-pgid, SIGKILL)`:
+//! every node dies by the same signal at the same instant, as in a power cut, instead of one
+//! after the other. The sentinel dies with them and a new one (a new group) is made at the next
+//! start. The group is not the terminal's, so a Ctrl-C reaches the harness only, which then
+//! tears everything down in order.
+//!
 //! # Faults
-//! - `kill`: SIGKILL and reap; `pause`/`resume`: SIGSTOP/SIGCONT.
-//! - `partition(groups)` and `impair(ids, netem)`: inside the namespaces, as [`super::net`]
+//! - `kill`: SIGKILL and reap; `kill_all`: one SIGKILL to the nodes' process group, then reap
+//!   each; `pause`/`resume`: SIGSTOP/SIGCONT.
+//! - `partition(groups)`, `cut_oneway(links)` and `impair(ids, netem)`: inside the namespaces, as [`super::net`]
 //!   describes (iptables rules, a netem qdisc or the userspace queue). Only node-to-node links
 //!   are cut: the harness at `.254` still reaches every node. That models clients that sit on
 //!   every side of the partition (each client talks to the nodes of its side; a client can
@@ -27,10 +37,23 @@
 //!   reads). `heal` removes every network fault (the namespaces are the harness's own; no
 //!   other rules live there).
 //!
+//! # Fault disks and fake clocks
+//! With [`NodeEnv::fault_disks`], every node's data directory `nodeN/` is a fault disk
+//! ([`raftq_faultfs`], served by this process) over the backing directory `nodeN.disk/`, which
+//! holds what a real disk would; mounted at setup, before any node starts, and unmounted at
+//! teardown, after every node is dead. [`Hosts::power_loss`] kills the nodes and drops what
+//! their disks had not synced; [`Hosts::disk`] hands out a disk's controls (fsync delay, space
+//! limit). With [`NodeEnv::fake_clock`], every node runs under libfaketime (`LD_PRELOAD`),
+//! reading its offset from `nodeN.faketime` on every call of the wall clock (no cache), with
+//! its monotonic clock left alone; [`Hosts::set_clock`] rewrites that file (atomically: a new
+//! file renamed over the old). libfaketime leaves a shared-memory segment per process in
+//! `/dev/shm` when the process is killed; the harness removes those of the nodes it reaps.
+//!
 //! # Cleanup
 //! Setup first removes whatever an earlier run with the same names left behind (processes in
 //! the namespaces, the namespaces, the bridge, veths, the FORWARD rule), so it is idempotent.
-//! [`Hosts::teardown`] (also run on drop) SIGKILLs every node and removes everything again.
+//! [`Hosts::teardown`] (also run on drop) SIGKILLs every node, unmounts the fault disks and
+//! removes everything again.
 //! Needs root, `ip` (iproute2) and `iptables`; impairments use `tc` (iproute2) when the kernel
 //! has netem.
 
@@ -47,16 +70,22 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
 
+use raftq_faultfs::{Control, FaultFs, FOREVER};
+
 use super::net::{
     have, insert_forward_rule, lock, remove_forward_rules, require_root, run, run_quiet, NetFaults,
     NetNs, NodeNet,
 };
-use super::{Hosts, Netem};
+use super::{Dropped, Hosts, Netem, NodeEnv, PowerLoss, CLUSTER_SECRET};
 
 /// Address of the bridge (the harness's side) in the subnet.
 const BRIDGE_HOST: u8 = 254;
 /// How long a graceful stop waits before SIGKILL.
 const STOP_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long a power loss waits for the killed nodes to die before it drops their unsynced
+/// writes anyway: a thread waiting for a sync that will never complete dies only once the
+/// drop fails that sync.
+const DEATH_WAIT: Duration = Duration::from_millis(100);
 
 /// How to lay out the hosts.
 #[derive(Debug, Clone)]
@@ -78,6 +107,8 @@ pub struct NetnsConfig {
     pub cluster_id: String,
     /// `RAFTQ_LOG` filter of the nodes.
     pub log_filter: String,
+    /// Fault disks and fake clocks, for the scenarios that need them.
+    pub env: NodeEnv,
 }
 
 impl NetnsConfig {
@@ -92,6 +123,7 @@ impl NetnsConfig {
             port: 7000,
             cluster_id: "jepsen".to_string(),
             log_filter: "info".to_string(),
+            env: NodeEnv::default(),
         }
     }
 
@@ -152,6 +184,16 @@ impl NetnsConfig {
         self.run_dir.join(format!("node{id}.log"))
     }
 
+    /// What a fault disk shows at `data_dir(id)` lives here.
+    pub fn disk_backing(&self, id: u64) -> PathBuf {
+        self.run_dir.join(format!("node{id}.disk"))
+    }
+
+    /// The file libfaketime reads node `id`'s clock offset from.
+    fn clock_file(&self, id: u64) -> PathBuf {
+        self.run_dir.join(format!("node{id}.faketime"))
+    }
+
     fn validate(&self) -> anyhow::Result<()> {
         if self.nodes == 0 || self.nodes > 250 {
             bail!("between 1 and 250 nodes, not {}", self.nodes);
@@ -175,13 +217,20 @@ struct Node {
     child: Option<Child>,
     /// How often it was started, to mark each start in its log.
     starts: u32,
+    /// How it ended the last time it exited on its own (not killed or stopped by the harness).
+    exited: Option<String>,
 }
 
 /// A cluster of `raftq` nodes in network namespaces. See the module documentation.
 pub struct NetnsHosts {
     cfg: Arc<NetnsConfig>,
     nodes: Mutex<BTreeMap<u64, Node>>,
+    /// The sentinel that leads the nodes' process group (its pid is the group's id), while
+    /// it lives. Locked after `nodes` when both are.
+    sentinel: Mutex<Option<Child>>,
     faults: Arc<NetFaults>,
+    /// The fault disks, by node (with [`NodeEnv::fault_disks`]).
+    disks: Mutex<BTreeMap<u64, FaultFs>>,
     torn_down: AtomicBool,
 }
 
@@ -254,6 +303,93 @@ fn kill_namespace_processes(ns: &str) {
             libc::kill(pid, libc::SIGKILL);
         }
     }
+}
+
+/// Removes the shared-memory segment and semaphore libfaketime made for process `pid`, which
+/// it leaves behind when the process is killed (a later process with the same pid would find
+/// them and fail).
+fn forget_fake_clock(pid: u32) {
+    for name in [
+        format!("/dev/shm/faketime_shm_{pid}"),
+        format!("/dev/shm/sem.faketime_sem_{pid}"),
+    ] {
+        let _ = std::fs::remove_file(name);
+    }
+}
+
+/// Reaps `child` (waits for it), then removes what libfaketime left for it when the node ran
+/// under a fake clock.
+fn reap(child: &mut Child, fake_clock: bool) -> std::io::Result<std::process::ExitStatus> {
+    let status = child.wait();
+    if fake_clock {
+        forget_fake_clock(child.id());
+    }
+    status
+}
+
+/// True once `child` has exited, without reaping it (so its pid stays ours).
+fn has_died(child: &Child) -> bool {
+    let pid: libc::id_t = child.id();
+    // SAFETY: `info` is a plain C struct, zeroed, written by waitid; WNOWAIT leaves the child
+    // waitable, WNOHANG makes the call return at once.
+    unsafe {
+        let mut info: libc::siginfo_t = std::mem::zeroed();
+        let rc = libc::waitid(
+            libc::P_PID,
+            pid,
+            &mut info,
+            libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+        );
+        rc != 0 || info.si_pid() != 0
+    }
+}
+
+/// Waits until every child in `children` has died (not reaped), at most `limit`.
+fn await_death(children: &[(u64, Child)], limit: Duration) {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline && !children.iter().all(|(_, c)| has_died(c)) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Mounts a fault disk over `nodeN.disk/` at `nodeN/` for every node.
+fn mount_disks(cfg: &NetnsConfig) -> anyhow::Result<BTreeMap<u64, FaultFs>> {
+    raftq_faultfs::check_environment().context("fault disks cannot be mounted here")?;
+    let mut disks = BTreeMap::new();
+    for id in 1..=cfg.nodes {
+        let (backing, mountpoint) = (cfg.disk_backing(id), cfg.data_dir(id));
+        for dir in [&backing, &mountpoint] {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
+        }
+        let options = raftq_faultfs::Options {
+            // The pre-images of overwritten synced bytes: on the run directory's file system,
+            // outside the mount.
+            undo_dir: Some(cfg.run_dir.clone()),
+            ..raftq_faultfs::Options::default()
+        };
+        let fs = FaultFs::mount_with(&backing, &mountpoint, options)
+            .with_context(|| format!("cannot mount node {id}'s fault disk"))?;
+        disks.insert(id, fs);
+    }
+    Ok(disks)
+}
+
+/// Writes `offset_ms` as libfaketime reads a relative offset (`+12.345`, seconds), into a new
+/// file renamed over `path`, so that a reader never sees half of it.
+fn write_clock_file(path: &Path, offset_ms: i64) -> anyhow::Result<()> {
+    let text = faketime_offset(offset_ms);
+    let tmp = path.with_extension("faketime.new");
+    std::fs::write(&tmp, format!("{text}\n"))
+        .with_context(|| format!("cannot write {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("cannot replace {}", path.display()))
+}
+
+/// A relative libfaketime offset of `offset_ms` milliseconds: `+12.345`, `-0.250`.
+pub fn faketime_offset(offset_ms: i64) -> String {
+    let sign = if offset_ms < 0 { '-' } else { '+' };
+    let abs = offset_ms.unsigned_abs();
+    format!("{sign}{}.{:03}", abs / 1000, abs % 1000)
 }
 
 fn create_network(cfg: &NetnsConfig) -> anyhow::Result<()> {
@@ -334,20 +470,34 @@ impl NetnsHosts {
         }
         std::fs::create_dir_all(&cfg.run_dir)
             .with_context(|| format!("cannot create {}", cfg.run_dir.display()))?;
-        std::fs::write(
-            cfg.secret_file(),
-            "raftq-jepsen-cluster-secret-0c4e5b7a91\n",
-        )
-        .context("cannot write the secret file")?;
+        std::fs::write(cfg.secret_file(), format!("{CLUSTER_SECRET}\n"))
+            .context("cannot write the secret file")?;
+        if let Some(lib) = &cfg.env.fake_clock {
+            if !lib.is_file() {
+                bail!(
+                    "libfaketime not found at {}: install Debian's faketime package \
+                     (apt-get install faketime), or run scripts/chaos.sh, which does",
+                    lib.display()
+                );
+            }
+            for id in 1..=cfg.nodes {
+                write_clock_file(&cfg.clock_file(id), 0)?;
+            }
+        }
         remove_network(&cfg);
         let hosts = NetnsHosts {
             nodes: Mutex::new((1..=cfg.nodes).map(|id| (id, Node::default())).collect()),
+            sentinel: Mutex::new(None),
             cfg: Arc::new(cfg),
             faults: Arc::new(NetFaults::default()),
+            disks: Mutex::new(BTreeMap::new()),
             torn_down: AtomicBool::new(false),
         };
         // On failure, `hosts` drops here and removes what was made so far.
         create_network(&hosts.cfg).context("cannot set up the network namespaces")?;
+        if hosts.cfg.env.fault_disks {
+            *lock(&hosts.disks) = mount_disks(&hosts.cfg)?;
+        }
         Ok(hosts)
     }
 
@@ -367,6 +517,29 @@ impl NetnsHosts {
             .collect()
     }
 
+    /// The nodes' process group: the sentinel's pid, after making a new sentinel when there is
+    /// none alive.
+    fn group(&self) -> anyhow::Result<i32> {
+        let mut sentinel = lock(&self.sentinel);
+        if let Some(child) = sentinel.as_mut() {
+            if child.try_wait()?.is_none() {
+                return i32::try_from(child.id()).context("pid out of range");
+            }
+        }
+        // A process that does nothing for 30 years, leading a group of its own.
+        let child = Command::new("sleep")
+            .arg("1000000000")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .context("cannot start the sentinel of the nodes' process group (`sleep`)")?;
+        let pgid = i32::try_from(child.id()).context("pid out of range")?;
+        *sentinel = Some(child);
+        Ok(pgid)
+    }
+
     fn spawn(&self, id: u64) -> anyhow::Result<()> {
         let cfg = &self.cfg;
         let mut nodes = lock(&self.nodes);
@@ -377,9 +550,14 @@ impl NetnsHosts {
             if child.try_wait()?.is_none() {
                 return Ok(()); // already running
             }
+            if cfg.env.fake_clock.is_some() {
+                forget_fake_clock(child.id());
+            }
             node.child = None;
         }
+        let pgid = self.group()?;
         node.starts += 1;
+        node.exited = None;
         let mut log = OpenOptions::new()
             .create(true)
             .append(true)
@@ -412,19 +590,132 @@ impl NetnsHosts {
                 cmd.env_remove(name);
             }
         }
+        if let Some(lib) = &cfg.env.fake_clock {
+            // The wall clock from the node's offset file, read on every call so that a step
+            // takes effect at once; the monotonic clock is the real one (unless the clock
+            // checks themselves are being tested).
+            cmd.env("LD_PRELOAD", lib)
+                .env("FAKETIME_TIMESTAMP_FILE", cfg.clock_file(id))
+                .env("FAKETIME_NO_CACHE", "1");
+            if !cfg.env.fake_monotonic {
+                cmd.env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+            }
+        }
         cmd.env("RAFTQ_LOG", &cfg.log_filter)
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())
             .stdout(Stdio::from(log.try_clone()?))
             .stderr(Stdio::from(log))
-            // Its own process group: a Ctrl-C at the terminal reaches the harness only, which
-            // then tears everything down in order.
-            .process_group(0);
+            // The nodes' group (see the module documentation): `kill_all` is one signal.
+            .process_group(pgid);
         let child = cmd
             .spawn()
             .with_context(|| format!("cannot start node {id}"))?;
         node.child = Some(child);
         Ok(())
+    }
+}
+
+impl NetnsHosts {
+    /// SIGKILLs the nodes `only` (each on its own), or every running node (`None`: one signal
+    /// to the nodes' process group); once they are all dead, or after [`DEATH_WAIT`] (threads
+    /// waiting for a stalled sync die only when it ends), runs `dead`; then reaps them. Returns
+    /// how they were killed and what `dead` returned.
+    async fn kill_nodes<R: Send + 'static>(
+        &self,
+        only: Option<Vec<u64>>,
+        dead: impl FnOnce() -> R + Send + 'static,
+    ) -> anyhow::Result<(String, R)> {
+        let fake_clock = self.cfg.env.fake_clock.is_some();
+        let mut children: Vec<(u64, Child)> = {
+            let mut nodes = lock(&self.nodes);
+            nodes
+                .iter_mut()
+                .filter(|(id, _)| only.as_ref().is_none_or(|o| o.contains(id)))
+                .filter_map(|(id, n)| n.child.take().map(|c| (*id, c)))
+                .collect()
+        };
+        let namespaces: Vec<String> = match &only {
+            Some(ids) => ids.iter().map(|id| self.cfg.netns(*id)).collect(),
+            None => self.ids().iter().map(|id| self.cfg.netns(*id)).collect(),
+        };
+        if let Some(ids) = only {
+            return tokio::task::spawn_blocking(move || {
+                for (_, child) in children.iter_mut() {
+                    let _ = child.kill();
+                }
+                for ns in &namespaces {
+                    kill_namespace_processes(ns);
+                }
+                await_death(&children, DEATH_WAIT);
+                let out = dead();
+                for (id, mut child) in children {
+                    reap(&mut child, fake_clock)
+                        .with_context(|| format!("cannot reap node {id}"))?;
+                }
+                Ok((format!("SIGKILL to nodes {ids:?}"), out))
+            })
+            .await?;
+        }
+        let sentinel = lock(&self.sentinel).take();
+        tokio::task::spawn_blocking(move || {
+            let Some(mut sentinel) = sentinel else {
+                // No node was ever started in a group: nothing runs.
+                for (_, mut child) in children {
+                    let _ = child.kill();
+                    let _ = reap(&mut child, fake_clock);
+                }
+                return Ok(("no process group: nothing ran".to_string(), dead()));
+            };
+            let pgid = i32::try_from(sentinel.id()).context("pid out of range")?;
+            // Checked before the signal: which running nodes are not in the group.
+            let outside: Vec<u64> = children
+                .iter()
+                .filter(|(_, c)| {
+                    let pid = c.id() as i32;
+                    // SAFETY: getpgid has no memory-safety preconditions; the child is not
+                    // reaped, so its pid names it.
+                    let group = unsafe { libc::getpgid(pid) };
+                    group != pgid
+                })
+                .map(|(id, _)| *id)
+                .collect();
+            let running: Vec<u64> = children.iter().map(|(id, _)| *id).collect();
+            // SAFETY: sending a signal has no memory-safety preconditions; the sentinel is not
+            // reaped, so the group id is still ours.
+            let sent = unsafe { libc::kill(-pgid, libc::SIGKILL) };
+            let sent_err = std::io::Error::last_os_error();
+            for (id, child) in children.iter_mut() {
+                if outside.contains(id) || sent != 0 {
+                    let _ = child.kill();
+                }
+            }
+            // Anything else left in the namespaces dies too (as `kill` does).
+            for ns in &namespaces {
+                kill_namespace_processes(ns);
+            }
+            let _ = sentinel.kill();
+            let _ = sentinel.wait();
+            await_death(&children, DEATH_WAIT);
+            let out = dead();
+            for (id, mut child) in children {
+                reap(&mut child, fake_clock).with_context(|| format!("cannot reap node {id}"))?;
+            }
+            if sent != 0 {
+                bail!(
+                    "cannot signal the nodes' process group {pgid}: {sent_err}; nodes \
+                     {running:?} were killed one by one instead"
+                );
+            }
+            let mut how = format!("one SIGKILL to process group {pgid}: nodes {running:?}");
+            if !outside.is_empty() {
+                how.push_str(&format!(
+                    "; nodes {outside:?} were not in the group and were killed on their own"
+                ));
+            }
+            Ok((how, out))
+        })
+        .await?
     }
 }
 
@@ -452,18 +743,79 @@ impl Hosts for NetnsHosts {
             return Ok(());
         };
         let ns = self.cfg.netns(id);
+        let fake_clock = self.cfg.env.fake_clock.is_some();
         tokio::task::spawn_blocking(move || {
             // SIGKILL; fails only when it exited already.
             let _ = child.kill();
             // Anything else left in the node's namespace dies too (should `ip netns exec` ever
             // fork instead of exec, the server would be its child).
             kill_namespace_processes(&ns);
-            child.wait().context("cannot reap the killed node")?;
+            reap(&mut child, fake_clock).context("cannot reap the killed node")?;
             Ok(())
         })
         .await?
     }
 
+    /// One SIGKILL to the nodes' process group (the sentinel's), then each node reaped. A node
+    /// that is somehow not in the group (it should not happen) is killed right after, on its
+    /// own, and named in the answer.
+    async fn kill_all(&self) -> anyhow::Result<String> {
+        let (how, ()) = self.kill_nodes(None, || ()).await?;
+        Ok(how)
+    }
+
+    async fn power_loss(&self, ids: &[u64]) -> anyhow::Result<PowerLoss> {
+        let mut disks = Vec::new();
+        for id in ids {
+            disks.push((*id, self.disk(*id)?));
+        }
+        let mut sorted = ids.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        // Nothing becomes durable any more: a sync waiting now (a slow disk) never completes.
+        for (_, disk) in &disks {
+            disk.set_fsync_delay(Some(FOREVER));
+        }
+        let group = if sorted == self.ids() {
+            None
+        } else {
+            Some(sorted)
+        };
+        let dropping = disks.clone();
+        let killed = self
+            .kill_nodes(group, move || {
+                let mut dropped = BTreeMap::new();
+                let mut errors = Vec::new();
+                for (id, disk) in &dropping {
+                    match disk.drop_unsynced() {
+                        Ok(r) => {
+                            dropped.insert(
+                                *id,
+                                Dropped {
+                                    files: r.files,
+                                    bytes: r.bytes,
+                                    failed_fsyncs: r.failed_fsyncs,
+                                },
+                            );
+                        }
+                        Err(e) => errors.push(format!("node {id}: {e}")),
+                    }
+                }
+                (dropped, errors)
+            })
+            .await;
+        for (_, disk) in &disks {
+            disk.set_fsync_delay(None);
+        }
+        let (how, (dropped, errors)) = killed?;
+        if !errors.is_empty() {
+            bail!(
+                "the nodes were killed, but unsynced writes could not be dropped: {}",
+                errors.join("; ")
+            );
+        }
+        Ok(PowerLoss { how, dropped })
+    }
     async fn pause(&self, id: u64) -> anyhow::Result<()> {
         match lock(&self.nodes).get(&id).and_then(|n| n.child.as_ref()) {
             Some(child) => signal(child, libc::SIGSTOP),
@@ -492,6 +844,13 @@ impl Hosts for NetnsHosts {
             .await?
     }
 
+    async fn cut_oneway(&self, links: &[(u64, u64)]) -> anyhow::Result<()> {
+        let (cfg, faults) = (Arc::clone(&self.cfg), Arc::clone(&self.faults));
+        let links = links.to_vec();
+        tokio::task::spawn_blocking(move || faults.cut_oneway(&Self::net_nodes(&cfg), &links))
+            .await?
+    }
+
     async fn heal(&self) -> anyhow::Result<()> {
         let (cfg, faults) = (Arc::clone(&self.cfg), Arc::clone(&self.faults));
         tokio::task::spawn_blocking(move || faults.heal(&Self::net_nodes(&cfg))).await?
@@ -503,17 +862,18 @@ impl Hosts for NetnsHosts {
         let Some(mut child) = lock(&self.nodes).get_mut(&id).and_then(|n| n.child.take()) else {
             return Ok("not running".to_string());
         };
+        let fake_clock = self.cfg.env.fake_clock.is_some();
         tokio::task::spawn_blocking(move || {
             let _ = signal(&child, libc::SIGCONT);
             let _ = signal(&child, libc::SIGTERM);
             let deadline = Instant::now() + STOP_TIMEOUT;
             loop {
-                if let Some(status) = child.try_wait()? {
-                    return Ok(status.to_string());
+                if has_died(&child) {
+                    return Ok(reap(&mut child, fake_clock)?.to_string());
                 }
                 if Instant::now() >= deadline {
                     let _ = child.kill();
-                    let status = child.wait()?;
+                    let status = reap(&mut child, fake_clock)?;
                     return Ok(format!("killed after {STOP_TIMEOUT:?}: {status}"));
                 }
                 std::thread::sleep(Duration::from_millis(50));
@@ -531,9 +891,21 @@ impl Hosts for NetnsHosts {
             .values_mut()
             .filter_map(|n| n.child.take())
             .collect();
+        let fake_clock = self.cfg.env.fake_clock.is_some();
         for mut child in children {
             let _ = child.kill();
-            let _ = child.wait();
+            let _ = reap(&mut child, fake_clock);
+        }
+        if let Some(mut sentinel) = lock(&self.sentinel).take() {
+            let _ = sentinel.kill();
+            let _ = sentinel.wait();
+        }
+        // Every node is dead: nothing holds the disks any more.
+        let disks = std::mem::take(&mut *lock(&self.disks));
+        for (id, disk) in disks {
+            if let Err(e) = disk.unmount() {
+                eprintln!("warning: unmounting node {id}'s fault disk: {e}");
+            }
         }
         self.faults.shutdown();
         remove_network(&self.cfg);
@@ -552,12 +924,53 @@ impl Hosts for NetnsHosts {
         };
         match node.child.as_mut().map(|c| c.try_wait()) {
             Some(Ok(None)) => true,
-            Some(_) => {
-                node.child = None; // exited on its own (reaped by try_wait)
+            Some(result) => {
+                // Exited on its own (reaped by try_wait).
+                node.exited = Some(match result {
+                    Ok(Some(status)) => status.to_string(),
+                    Ok(None) => unreachable!("matched above"),
+                    Err(e) => format!("cannot tell: {e}"),
+                });
+                if let Some(child) = node.child.take() {
+                    if self.cfg.env.fake_clock.is_some() {
+                        forget_fake_clock(child.id());
+                    }
+                }
                 false
             }
             None => false,
         }
+    }
+
+    fn data_dir(&self, id: u64) -> PathBuf {
+        self.cfg.data_dir(id)
+    }
+
+    fn exit_status(&self, id: u64) -> Option<String> {
+        if self.is_running(id) {
+            return None;
+        }
+        lock(&self.nodes).get(&id).and_then(|n| n.exited.clone())
+    }
+
+    fn disk(&self, id: u64) -> anyhow::Result<Control> {
+        if !self.cfg.env.fault_disks {
+            bail!("node {id} is not on a fault disk (the hosts were made without them)");
+        }
+        lock(&self.disks)
+            .get(&id)
+            .map(FaultFs::control)
+            .with_context(|| format!("node {id} has no fault disk"))
+    }
+
+    fn set_clock(&self, id: u64, offset_ms: i64) -> anyhow::Result<()> {
+        if self.cfg.env.fake_clock.is_none() {
+            bail!("node {id} does not run under a fake clock (the hosts were made without one)");
+        }
+        if !(1..=self.cfg.nodes).contains(&id) {
+            bail!("no node {id}");
+        }
+        write_clock_file(&self.cfg.clock_file(id), offset_ms)
     }
 }
 

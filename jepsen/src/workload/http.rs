@@ -199,6 +199,28 @@ impl Http {
         unreachable!("the last hop returns")
     }
 
+    /// `GET /raft/status` on `node` with the cluster secret (the node's Raft view and its wall
+    /// clock, `wall_us`), with the harness's wall clock in µs halfway through the request;
+    /// `None` on any error.
+    pub async fn raft_status(&self, node: u64, timeout: Duration) -> Option<(Value, u64)> {
+        let base = self.urls.get(&node)?;
+        let before = wall_us();
+        let response = self
+            .client
+            .get(format!("{base}/raft/status"))
+            .header(crate::hosts::SECRET_HEADER, crate::hosts::CLUSTER_SECRET)
+            .timeout(timeout)
+            .send()
+            .await
+            .ok()?;
+        if !response.status().is_success() {
+            return None;
+        }
+        let body: Value = response.json().await.ok()?;
+        let after = wall_us();
+        Some((body, before / 2 + after / 2))
+    }
+
     /// `GET path` on `node`, decoded; `None` on any error.
     pub async fn get_json<T: DeserializeOwned>(
         &self,
@@ -210,6 +232,13 @@ impl Http {
             .await
             .decode()
     }
+}
+
+/// Microseconds since the Unix epoch by the harness's wall clock.
+pub fn wall_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
 }
 
 /// Classifies an HTTP answer (API.md: "Durable acknowledgement").

@@ -1,0 +1,618 @@
+//! Disk faults: power loss (every unsynced write gone, on one node or on all at once), damaged
+//! files, a full disk, and slow fsyncs. All but the damage need the nodes on fault disks
+//! ([`Hosts::disk`], [`Hosts::power_loss`]); the damage is done to the files of a node that is
+//! down, through its data directory ([`Hosts::data_dir`]).
+//!
+//! # Damage (`corrupt-minority`)
+//! One node is killed; its data directory is copied aside (`nodeN.pre-damage/`, beside it)
+//! before anything is touched; then its newest write-ahead log (`db/NNNNNN.log`) and/or its
+//! newest table file (`db/NNNNNN.sst`), the newest non-empty one of each kind by file number,
+//! are damaged: a few bytes flipped at a random point in the file's first 90 %, or the file
+//! cut to a random length. After the hold the node is started and watched
+//! ([`observe_start`]): either it refuses to start (exits; its log must say "is damaged"), or
+//! it starts and catches up with the leader's commit index (having said its data "is damaged":
+//! a rejoin; or not: a silent start). When it refused, the copy is put back (exactly a clean
+//! restart after a kill) and it is started again, so that the next fault and the final phase
+//! have every node again.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use serde::Serialize;
+
+use crate::hosts::{Dropped, Hosts};
+use crate::workload::http::Http;
+
+/// The words a node's refusal to start on damaged data must contain.
+pub const DAMAGED: &str = "is damaged";
+/// The words a node stopped by a full disk logs.
+pub const NO_SPACE: &str = "No space left on device";
+/// How long a node restarted on damaged data has to refuse or to catch up.
+pub const OBSERVE_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Which file of a node's store to damage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StoreFile {
+    /// The newest non-empty write-ahead log, `db/NNNNNN.log`.
+    Wal,
+    /// The newest non-empty table file, `db/NNNNNN.sst`.
+    Sst,
+}
+
+impl StoreFile {
+    fn extension(self) -> &'static str {
+        match self {
+            StoreFile::Wal => "log",
+            StoreFile::Sst => "sst",
+        }
+    }
+}
+
+/// How to damage one file; positions are in thousandths of the file's size, so that the plan
+/// can be drawn before the file is seen.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "how", rename_all = "snake_case")]
+pub enum Damage {
+    /// XOR the bytes from `at_permille` (below 900: in the first 90 %) with `masks` (none zero).
+    Flip {
+        file: StoreFile,
+        at_permille: u32,
+        masks: Vec<u8>,
+    },
+    /// Cut the file to `to_permille` of its size (below 1000: always shorter).
+    Truncate { file: StoreFile, to_permille: u32 },
+}
+
+impl Damage {
+    pub fn file(&self) -> StoreFile {
+        match self {
+            Damage::Flip { file, .. } | Damage::Truncate { file, .. } => *file,
+        }
+    }
+
+    /// Draws a plan: the WAL, the SST, or both (a third of the time each), each flipped or
+    /// cut (half the time each).
+    pub fn plan(rng: &mut impl rand::Rng) -> Vec<Damage> {
+        let files = match rng.gen_range(0..3) {
+            0 => vec![StoreFile::Wal],
+            1 => vec![StoreFile::Sst],
+            _ => vec![StoreFile::Wal, StoreFile::Sst],
+        };
+        files
+            .into_iter()
+            .map(|file| {
+                if rng.gen_bool(0.5) {
+                    let n = rng.gen_range(1..=4);
+                    Damage::Flip {
+                        file,
+                        at_permille: rng.gen_range(0..900),
+                        masks: (0..n).map(|_| rng.gen_range(1..=255u8)).collect(),
+                    }
+                } else {
+                    Damage::Truncate {
+                        file,
+                        to_permille: rng.gen_range(0..1000),
+                    }
+                }
+            })
+            .collect()
+    }
+}
+
+/// What was done to one file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Damaged {
+    /// The path under the data directory, e.g. `db/000021.log`.
+    pub file: String,
+    /// Its size before.
+    pub size: u64,
+    /// What was done, in words: `flipped 3 bytes at 1234`, `cut to 567 bytes`.
+    pub what: String,
+}
+
+/// How a node restarted on its data went.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "result", rename_all = "snake_case")]
+pub enum Start {
+    /// It exited on its own.
+    Refused {
+        /// How it exited (`exit status: 1`).
+        exit: String,
+        /// The line of its log that says why (the one with "is damaged", else its last lines).
+        message: String,
+        /// Its log says "is damaged".
+        says_damaged: bool,
+    },
+    /// It runs: caught up with the leader's commit index (`caught_up`), or still running when
+    /// the time to watch it ran out. `says_damaged`: its log says "is damaged" (it found the
+    /// damage and rejoined, catching up from the others); otherwise it started on damaged data
+    /// without a word.
+    Started {
+        caught_up: bool,
+        says_damaged: bool,
+        detail: String,
+    },
+}
+
+impl Start {
+    pub fn refused(&self) -> bool {
+        matches!(self, Start::Refused { .. })
+    }
+}
+
+/// How a `corrupt-minority` fault went.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DamageOutcome {
+    pub node: u64,
+    /// What was damaged.
+    pub damaged: Vec<Damaged>,
+    /// The first start on the damaged data.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub start: Option<Start>,
+    /// When it refused: the start after its pre-damage copy was put back.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub after_restore: Option<Start>,
+    /// Where the pre-damage copy is (removed once the node runs again, kept otherwise).
+    pub copy: PathBuf,
+}
+
+/// How a power loss went.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct PowerLossOutcome {
+    /// What each node's disk lost.
+    pub dropped: std::collections::BTreeMap<u64, Dropped>,
+    /// Unsynced bytes lost on every disk together.
+    pub bytes: u64,
+    /// `powerloss-leader`: syncs the slowed disk had waiting when the power went.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pending_fsyncs: Option<u64>,
+    /// `powerloss-leader`: syncs the node asked for while its disk was slow.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slow_fsyncs: Option<u64>,
+}
+
+/// How a `disk-full` fault went.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct DiskFullOutcome {
+    pub node: u64,
+    /// What its files took when the limit was set.
+    pub used: u64,
+    /// The limit.
+    pub limit: u64,
+    /// Writes refused for want of space while the limit held.
+    pub enospc: u64,
+    /// How it exited while the disk was full (`None`: it still ran).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exit: Option<String>,
+    /// The line of its log that says "No space left on device", if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Where its log stood when the limit was set (bytes), to read what it logged since.
+    #[serde(skip)]
+    pub log_mark: usize,
+}
+
+/// How a `slow-fsync` fault went.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct SlowFsyncOutcome {
+    pub node: u64,
+    pub delay_ms: u64,
+    /// Syncs asked for while the delay held.
+    pub fsyncs: u64,
+    /// Syncs still waiting when the delay was lifted.
+    pub pending_at_end: u64,
+    /// Counter of syncs when the delay was set.
+    #[serde(skip)]
+    pub fsyncs_before: u64,
+}
+
+/// The newest non-empty file with `extension` (by its number) under `dir`, with its size.
+fn newest(dir: &Path, extension: &str) -> anyhow::Result<Option<(PathBuf, u64)>> {
+    let mut best: Option<(u64, PathBuf, u64)> = None;
+    for entry in std::fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))? {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(stem) = name.strip_suffix(&format!(".{extension}")) else {
+            continue;
+        };
+        let Ok(number) = stem.parse::<u64>() else {
+            continue; // not a store file (`LOG`, `LOG.old.*`)
+        };
+        let size = entry.metadata()?.len();
+        if size > 0 && best.as_ref().is_none_or(|(n, _, _)| number > *n) {
+            best = Some((number, entry.path(), size));
+        }
+    }
+    Ok(best.map(|(_, path, size)| (path, size)))
+}
+
+/// Damages the node's store under `data` as `plan` says. A kind with no non-empty file is
+/// replaced by the other kind; when there is no file to damage at all, it fails.
+pub fn damage(data: &Path, plan: &[Damage]) -> anyhow::Result<Vec<Damaged>> {
+    use std::io::{Read as _, Seek as _, SeekFrom, Write as _};
+    let db = data.join("db");
+    let mut done = Vec::new();
+    let mut used: Vec<PathBuf> = Vec::new();
+    for step in plan {
+        let wanted = step.file();
+        let other = match wanted {
+            StoreFile::Wal => StoreFile::Sst,
+            StoreFile::Sst => StoreFile::Wal,
+        };
+        let mut target = None;
+        for kind in [wanted, other] {
+            if let Some((path, size)) = newest(&db, kind.extension())? {
+                if !used.contains(&path) {
+                    target = Some((path, size));
+                    break;
+                }
+            }
+        }
+        let Some((path, size)) = target else {
+            continue;
+        };
+        used.push(path.clone());
+        let name = path
+            .strip_prefix(data)
+            .unwrap_or(&path)
+            .display()
+            .to_string();
+        let what = match step {
+            Damage::Flip {
+                at_permille, masks, ..
+            } => {
+                let at = size * u64::from(*at_permille) / 1000;
+                let n = (masks.len() as u64).min(size - at);
+                let mut file = std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(&path)
+                    .with_context(|| format!("cannot open {}", path.display()))?;
+                let mut bytes = vec![0u8; n as usize];
+                file.seek(SeekFrom::Start(at))?;
+                file.read_exact(&mut bytes)?;
+                for (b, m) in bytes.iter_mut().zip(masks) {
+                    *b ^= m;
+                }
+                file.seek(SeekFrom::Start(at))?;
+                file.write_all(&bytes)?;
+                file.sync_all()?;
+                format!("flipped {n} byte(s) at {at}")
+            }
+            Damage::Truncate { to_permille, .. } => {
+                let to = size * u64::from(*to_permille) / 1000;
+                let file = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&path)
+                    .with_context(|| format!("cannot open {}", path.display()))?;
+                file.set_len(to)?;
+                file.sync_all()?;
+                format!("cut to {to} bytes")
+            }
+        };
+        done.push(Damaged {
+            file: name,
+            size,
+            what,
+        });
+    }
+    if done.is_empty() {
+        bail!(
+            "no write-ahead log or table file with data under {}: nothing to damage",
+            db.display()
+        );
+    }
+    Ok(done)
+}
+
+/// Checks that every file `damaged` names differs from its copy under `copy` (taken before
+/// the damage): a fault that silently changed nothing must not pass for one.
+pub fn verify_damage(data: &Path, copy: &Path, damaged: &[Damaged]) -> anyhow::Result<()> {
+    for d in damaged {
+        let now = std::fs::read(data.join(&d.file))
+            .with_context(|| format!("cannot read back {}", d.file))?;
+        let before = std::fs::read(copy.join(&d.file))
+            .with_context(|| format!("cannot read the copy of {}", d.file))?;
+        if now == before {
+            bail!("{} is unchanged after it was damaged ({})", d.file, d.what);
+        }
+    }
+    Ok(())
+}
+
+/// Copies the directory tree `from` to `to` (files, directories; nothing else is expected).
+pub fn copy_tree(from: &Path, to: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(to).with_context(|| format!("cannot create {}", to.display()))?;
+    for entry in
+        std::fs::read_dir(from).with_context(|| format!("cannot list {}", from.display()))?
+    {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        let kind = entry.file_type()?;
+        if kind.is_dir() {
+            copy_tree(&entry.path(), &target)?;
+        } else if kind.is_file() {
+            std::fs::copy(entry.path(), &target).with_context(|| {
+                format!(
+                    "cannot copy {} to {}",
+                    entry.path().display(),
+                    target.display()
+                )
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// Empties `dir` (keeps the directory itself: it may be a mount point or a bind mount).
+pub fn clear_dir(dir: &Path) -> anyhow::Result<()> {
+    for entry in std::fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))? {
+        let entry = entry?;
+        if entry.file_type()?.is_dir() {
+            std::fs::remove_dir_all(entry.path())?;
+        } else {
+            std::fs::remove_file(entry.path())?;
+        }
+    }
+    Ok(())
+}
+
+/// Where node `id`'s pre-damage copy goes: beside its data directory.
+pub fn copy_path(data: &Path) -> PathBuf {
+    let name = data
+        .file_name()
+        .map_or_else(|| "node".into(), |n| n.to_string_lossy().into_owned());
+    data.with_file_name(format!("{name}.pre-damage"))
+}
+
+/// The sentence of `log` that contains `needle` (to the first full stop after it), else its
+/// last non-empty lines; at most 400 characters.
+pub fn log_excerpt(log: &str, needle: &str) -> String {
+    let text = match log.lines().find(|l| l.contains(needle)) {
+        Some(line) => {
+            let at = line.find(needle).unwrap_or(0);
+            match line[at..].find(". ") {
+                Some(end) => line[..at + end + 1].to_string(),
+                None => line.to_string(),
+            }
+        }
+        None => {
+            let lines: Vec<&str> = log.lines().filter(|l| !l.trim().is_empty()).collect();
+            lines[lines.len().saturating_sub(3)..].join(" / ")
+        }
+    };
+    text.chars().take(400).collect()
+}
+
+/// Starts `node` and watches it until it exits (it refused: how, and why by what it logged
+/// since the start) or catches up with the leader's commit index as it was after the start, at
+/// most [`OBSERVE_TIMEOUT`].
+pub async fn observe_start<H: Hosts>(hosts: &H, http: &Http, node: u64) -> anyhow::Result<Start> {
+    let mark = hosts.log(node).len();
+    hosts.start(node).await?;
+    let deadline = Instant::now() + OBSERVE_TIMEOUT;
+    let mut target: Option<u64> = None;
+    let mut last = String::from("no answer yet");
+    loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        if !hosts.is_running(node) {
+            let log = hosts.log(node);
+            let since = log.get(mark..).unwrap_or(&log);
+            return Ok(Start::Refused {
+                exit: hosts
+                    .exit_status(node)
+                    .unwrap_or_else(|| "exited (status unknown)".into()),
+                message: log_excerpt(since, DAMAGED),
+                says_damaged: since.contains(DAMAGED),
+            });
+        }
+        if target.is_none() {
+            if let Some(leader) = super::find_leader(http).await.filter(|l| *l != node) {
+                let status: Option<raftq_client::api::ClusterStatus> = http
+                    .get_json(leader, "/v1/cluster", Duration::from_secs(2))
+                    .await;
+                target = status.map(|s| s.commit_index);
+            }
+        }
+        let status: Option<raftq_client::api::ClusterStatus> = http
+            .get_json(node, "/v1/cluster", Duration::from_secs(2))
+            .await;
+        let says_damaged = || {
+            let log = hosts.log(node);
+            log.get(mark..).unwrap_or(&log).contains(DAMAGED)
+        };
+        if let Some(s) = &status {
+            last = format!(
+                "applied {} of the leader's {}",
+                s.last_applied,
+                target.map_or_else(|| "(unknown)".into(), |t| t.to_string())
+            );
+            if target.is_some_and(|t| s.last_applied >= t) {
+                return Ok(Start::Started {
+                    caught_up: true,
+                    says_damaged: says_damaged(),
+                    detail: last,
+                });
+            }
+        }
+        if Instant::now() >= deadline {
+            return Ok(Start::Started {
+                caught_up: false,
+                says_damaged: says_damaged(),
+                detail: format!("still running after {OBSERVE_TIMEOUT:?}: {last}"),
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng as _;
+
+    fn store(dir: &Path, files: &[(&str, usize)]) {
+        std::fs::create_dir_all(dir.join("db")).unwrap_or_default();
+        for (name, size) in files {
+            let bytes: Vec<u8> = (0..*size).map(|i| (i % 251) as u8).collect();
+            std::fs::write(dir.join("db").join(name), bytes).unwrap_or_default();
+        }
+    }
+
+    fn tempdir(name: &str) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("raftq-jepsen-damage-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        dir
+    }
+
+    #[test]
+    fn damage_takes_the_newest_non_empty_files() {
+        let dir = tempdir("newest");
+        store(
+            &dir,
+            &[
+                ("000007.log", 0),
+                ("000005.log", 1000),
+                ("000003.log", 500),
+                ("000004.sst", 2000),
+                ("000009.sst", 3000),
+                ("LOG", 50),
+                ("LOG.old.123", 50),
+            ],
+        );
+        let done = damage(
+            &dir,
+            &[
+                Damage::Flip {
+                    file: StoreFile::Wal,
+                    at_permille: 500,
+                    masks: vec![0xff, 0x01],
+                },
+                Damage::Truncate {
+                    file: StoreFile::Sst,
+                    to_permille: 100,
+                },
+            ],
+        )
+        .unwrap_or_default();
+        assert_eq!(done.len(), 2, "{done:?}");
+        assert_eq!(done[0].file, "db/000005.log");
+        // Against an undamaged copy, the damage shows; against itself, it does not.
+        let copy = tempdir("newest-copy");
+        store(&copy, &[("000005.log", 1000), ("000009.sst", 3000)]);
+        assert!(verify_damage(&dir, &copy, &done).is_ok());
+        assert!(verify_damage(&dir, &dir, &done).is_err());
+        let _ = std::fs::remove_dir_all(&copy);
+        assert_eq!(done[0].what, "flipped 2 byte(s) at 500");
+        let wal = std::fs::read(dir.join("db/000005.log")).unwrap_or_default();
+        assert_eq!(wal[500], (500 % 251) as u8 ^ 0xff);
+        assert_eq!(wal[501], (501 % 251) as u8 ^ 0x01);
+        assert_eq!(wal[502], (502 % 251) as u8);
+        assert_eq!(done[1].file, "db/000009.sst");
+        assert_eq!(done[1].what, "cut to 300 bytes");
+        assert_eq!(
+            std::fs::metadata(dir.join("db/000009.sst")).map_or(0, |m| m.len()),
+            300
+        );
+        // Untouched: the older files and the info logs.
+        assert_eq!(
+            std::fs::metadata(dir.join("db/000004.sst")).map_or(0, |m| m.len()),
+            2000
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn damage_falls_back_to_the_other_kind_and_fails_on_nothing() {
+        let dir = tempdir("fallback");
+        store(&dir, &[("000003.log", 100), ("000004.log", 0)]);
+        let sst_only = [Damage::Truncate {
+            file: StoreFile::Sst,
+            to_permille: 0,
+        }];
+        let done = damage(&dir, &sst_only).unwrap_or_default();
+        assert_eq!(done.len(), 1);
+        assert_eq!(done[0].file, "db/000003.log");
+        assert_eq!(done[0].what, "cut to 0 bytes");
+        // Now every file is empty: nothing to damage.
+        assert!(damage(&dir, &sst_only).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn copies_and_restores_a_tree() {
+        let dir = tempdir("copy");
+        store(&dir, &[("000003.log", 100), ("000004.sst", 10)]);
+        std::fs::write(dir.join("IDENTITY"), "x").unwrap_or_default();
+        let copy = copy_path(&dir);
+        let _ = std::fs::remove_dir_all(&copy);
+        copy_tree(&dir, &copy).unwrap_or_else(|e| panic!("{e:#}"));
+        let _ = damage(
+            &dir,
+            &[Damage::Truncate {
+                file: StoreFile::Wal,
+                to_permille: 0,
+            }],
+        );
+        clear_dir(&dir).unwrap_or_else(|e| panic!("{e:#}"));
+        copy_tree(&copy, &dir).unwrap_or_else(|e| panic!("{e:#}"));
+        assert_eq!(
+            std::fs::metadata(dir.join("db/000003.log")).map_or(0, |m| m.len()),
+            100
+        );
+        assert!(dir.join("IDENTITY").is_file());
+        assert!(copy.to_string_lossy().ends_with(".pre-damage"));
+        let _ = std::fs::remove_dir_all(&dir);
+        let _ = std::fs::remove_dir_all(&copy);
+    }
+
+    #[test]
+    fn plans_cover_both_files_and_both_kinds_of_damage() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(23);
+        let (mut flips, mut cuts, mut both) = (0, 0, 0);
+        for _ in 0..300 {
+            let plan = Damage::plan(&mut rng);
+            assert!(!plan.is_empty() && plan.len() <= 2);
+            if plan.len() == 2 {
+                both += 1;
+            }
+            for d in &plan {
+                match d {
+                    Damage::Flip {
+                        at_permille, masks, ..
+                    } => {
+                        assert!(*at_permille < 900);
+                        assert!(!masks.is_empty() && masks.iter().all(|m| *m != 0));
+                        flips += 1;
+                    }
+                    Damage::Truncate { to_permille, .. } => {
+                        assert!(*to_permille < 1000);
+                        cuts += 1;
+                    }
+                }
+            }
+        }
+        assert!(
+            flips > 100 && cuts > 100 && both > 50,
+            "{flips} {cuts} {both}"
+        );
+    }
+
+    #[test]
+    fn excerpts_find_the_reason() {
+        let log = "start\nERROR the data directory /d of node 2 is damaged: WAL\nbye\n";
+        assert_eq!(
+            log_excerpt(log, DAMAGED),
+            "ERROR the data directory /d of node 2 is damaged: WAL"
+        );
+        let log = "error: the data directory /d is damaged: checksum mismatch. This node may \
+                   have lost log entries. To recover, move /d aside.";
+        assert_eq!(
+            log_excerpt(log, DAMAGED),
+            "error: the data directory /d is damaged: checksum mismatch."
+        );
+        assert_eq!(log_excerpt("a\nb\n\nc\nd\n", DAMAGED), "b / c / d");
+    }
+}
