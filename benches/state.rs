@@ -10,28 +10,14 @@
 use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use raftq::codec;
 use raftq::state::{
-    apply_entry, pending_record, Batch, Command, CreateSub, CreateTopic, LogPayload, NewRecord,
-    Outcome, ProducerSeq, Publish, Pull, ReadFault, ReceiptAction, RecordSource, SetCursor,
-    SettleReceipts, SmState, Start, StoredRecord, SubRef, SubSettings, TopicSettings, Write,
+    apply_entry, Batch, Command, CreateSub, CreateTopic, LogPayload, NewRecord, NothingStored,
+    Outcome, ProducerSeq, Publish, Pull, ReceiptAction, SetCursor, SettleReceipts, SmState, Start,
+    StoredRecord, SubRef, SubSettings, TopicSettings,
 };
 
 const TOPIC: &str = "bench";
 const SUB: &str = "workers";
 const RECORDS: usize = 64;
-
-/// Records come only from the writes of the apply in progress: nothing is stored.
-struct Pending;
-
-impl RecordSource for Pending {
-    fn record(
-        &self,
-        pending: &[Write],
-        topic_id: u64,
-        offset: u64,
-    ) -> Result<Option<StoredRecord>, ReadFault> {
-        Ok(pending_record(pending, topic_id, offset))
-    }
-}
 
 fn record(i: usize) -> NewRecord {
     let mut value = vec![0u8; 1024];
@@ -80,8 +66,8 @@ fn sub_ref() -> SubRef {
 /// for a fast apply.
 fn apply(state: &mut SmState, index: u64, batch: &Batch) -> Vec<Outcome> {
     let mut writes = Vec::new();
-    let response =
-        apply_entry(state, &Pending, index, batch, &mut writes).expect("no record read fails");
+    let response = apply_entry(state, &NothingStored, index, batch, &mut writes)
+        .expect("no record read fails");
     response
         .results
         .into_iter()

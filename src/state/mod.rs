@@ -295,6 +295,21 @@ pub fn pending_record(pending: &[Write], topic_id: u64, offset: u64) -> Option<S
     })
 }
 
+/// A source with nothing stored: records come only from the writes of the apply in progress.
+/// For benchmarks and tests of apply alone.
+pub struct NothingStored;
+
+impl RecordSource for NothingStored {
+    fn record(
+        &self,
+        pending: &[Write],
+        topic_id: u64,
+        offset: u64,
+    ) -> Result<Option<StoredRecord>, ReadFault> {
+        Ok(pending_record(pending, topic_id, offset))
+    }
+}
+
 /// A change to durable state, emitted by apply and executed by the storage layer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Write {

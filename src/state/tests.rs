@@ -4,19 +4,7 @@ use proptest::prelude::*;
 
 use super::*;
 
-/// A record source for tests that never dead-letter.
-struct NoRecords;
-
-impl RecordSource for NoRecords {
-    fn record(
-        &self,
-        pending: &[Write],
-        topic_id: u64,
-        offset: u64,
-    ) -> Result<Option<StoredRecord>, ReadFault> {
-        Ok(pending_record(pending, topic_id, offset))
-    }
-}
+use super::NothingStored as NoRecords;
 
 fn batch(time_ms: u64, commands: Vec<Command>) -> Batch {
     Batch { time_ms, commands }
