@@ -347,6 +347,8 @@ enum Need {
     Action(Action, String),
     /// `admin:*`: operations on the whole cluster.
     ClusterAdmin,
+    /// A route the table does not list: refused.
+    Unlisted,
 }
 
 /// Percent-decodes a path segment; `None` if it is not valid UTF-8 or a valid escape.
@@ -396,7 +398,10 @@ fn need(method: &Method, route: &str, path: &str) -> Result<Need, ApiError> {
         "/v1/cluster" if method == Method::GET => Need::Token,
         r if r.starts_with("/v1/cluster") => Need::ClusterAdmin,
         // Listings and broadcasts: the handler filters by, or checks, each topic.
-        _ => Need::Token,
+        "/v1/topics" | "/v1/report" | "/v1/broadcast" => Need::Token,
+        // A route this table does not list is refused, never opened to any valid token: a new
+        // endpoint must say here what it needs (`every_routed_operation_has_a_permission`).
+        _ => Need::Unlisted,
     })
 }
 
@@ -455,6 +460,12 @@ pub fn authorize(
                 return Err(access.forbidden("admin on the cluster (admin:*)".into()));
             }
         }
+        Some(Need::Unlisted) => {
+            return Err(ApiError::forbidden(format!(
+                "{method} {route} has no permission defined, so no token may use it",
+                route = route.unwrap_or_default()
+            )));
+        }
     }
     Ok(access)
 }
@@ -470,6 +481,55 @@ pub fn new_token() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every operation the router serves under `/v1` (as the API description lists them) has
+    /// its own row in the permission table; a route it does not list is refused.
+    #[test]
+    fn every_routed_operation_has_a_permission() {
+        let doc = crate::api::openapi::document();
+        let mut checked = 0;
+        for (route, item) in &doc.paths.paths {
+            if !route.starts_with("/v1/") || is_public_route(route) {
+                continue;
+            }
+            let path = route.replace("{topic}", "orders").replace("{sub}", "s");
+            let methods = [
+                (Method::GET, item.get.is_some()),
+                (Method::PUT, item.put.is_some()),
+                (Method::POST, item.post.is_some()),
+                (Method::DELETE, item.delete.is_some()),
+                (Method::PATCH, item.patch.is_some()),
+            ];
+            for (method, _) in methods.iter().filter(|(_, served)| *served) {
+                let need = need(method, route, &path).expect("a valid topic name");
+                assert!(
+                    !matches!(need, Need::Unlisted),
+                    "{method} {route} is routed but has no permission in auth::need"
+                );
+                checked += 1;
+            }
+        }
+        assert!(checked >= 20, "only {checked} operations found");
+        assert!(matches!(
+            need(&Method::POST, "/v1/something-new", "/v1/something-new"),
+            Ok(Need::Unlisted)
+        ));
+    }
+
+    /// A valid token, even an admin's, is refused on a route the table does not list.
+    #[test]
+    fn an_unlisted_route_is_refused_to_every_token() {
+        for token in ["r-token", "w-token", "c-token"] {
+            assert_eq!(
+                check(Some(token), Method::POST, "/v1/unlisted", "/v1/unlisted").err(),
+                Some(403),
+                "{token}"
+            );
+        }
+        // The listings stay open to any valid token (their handlers filter by topic).
+        assert!(check(Some("w-token"), Method::GET, "/v1/topics", "/v1/topics").is_ok());
+        assert!(check(Some("c-token"), Method::GET, "/v1/report", "/v1/report").is_ok());
+    }
 
     const SECRET: &str = "cluster-secret-0123456789";
 
