@@ -458,9 +458,10 @@ fn damaged_message(settings: &Settings, what: &str) -> String {
 /// Opens the node's store and makes sure it can be trusted; returns it, with the rejoin
 /// marker when the node is rejoining (see [`crate::rejoin`]).
 ///
-/// A store that lost data this node had acknowledged (RocksDB finds damage, the log or vote is
-/// behind the durable watermark or behind what the leader recorded, or the store is empty while
-/// the cluster had replicated to this node) is set aside, and the node starts from an empty one
+/// A store that lost data this node had acknowledged (RocksDB finds damage at open, or in the
+/// checksums of the table files, all read first; the log or vote is behind the durable
+/// watermark or behind what the leader recorded; or the store is empty while the cluster had
+/// replicated to this node) is set aside, and the node starts from an empty one
 /// as a learner: before Raft starts, the leader makes it one, and this node adopts the
 /// leader's term. A node with no other member to rejoin through refuses to start instead.
 async fn open_store(
@@ -472,10 +473,29 @@ async fn open_store(
     let open = || store::open_db_with(&datadir.db_path(), settings.write_buffer_bytes);
     let (db, lost) = match open() {
         Ok(db) => {
-            let lost = match &marker {
-                // Already rejoining: what the store holds is what it caught up since.
-                Some(_) => None,
-                None => find_loss(settings, root, &db).await,
+            let started = std::time::Instant::now();
+            let lost = match store::verify_tables(&db) {
+                // A table file whose blocks do not match their checksums.
+                Err(e) if e.kind() == rocksdb::ErrorKind::Corruption => {
+                    Some(format!("a table file fails its checks: {e}"))
+                }
+                // A read error says the disk failed, not what is on it.
+                Err(e) => anyhow::bail!(
+                    "cannot read the database in {}: {e}",
+                    datadir.db_path().display()
+                ),
+                Ok(bytes) => {
+                    tracing::info!(
+                        bytes,
+                        millis = started.elapsed().as_millis() as u64,
+                        "every table file's checksums verified"
+                    );
+                    match &marker {
+                        // Already rejoining: what the store holds is what it caught up since.
+                        Some(_) => None,
+                        None => find_loss(settings, root, &db).await,
+                    }
+                }
             };
             (Some(db), lost)
         }

@@ -7,6 +7,8 @@
 //! - its newest write-ahead log cut short (a clean tail that RocksDB alone cannot tell from a
 //!   torn write: the durable watermark, or the leader's record of what it acknowledged, sees it);
 //! - both, while every node was down and nobody remembers what it acknowledged;
+//! - bytes flipped in a data block of a table file (`.sst`), which opening the database does
+//!   not read: the node reads every table file at start to find it;
 //! - its data directory wiped (the cluster knows it as a voter that had the log).
 
 mod common;
@@ -39,29 +41,46 @@ fn newest_wal(data: &Path) -> (PathBuf, u64) {
 }
 
 /// Flips a few bytes at `fraction` of the file, or cuts it there.
-fn damage(wal: &Path, size: u64, how: &str, fraction: f64) {
+fn damage(file: &Path, size: u64, how: &str, fraction: f64) {
     let at = (size as f64 * fraction) as u64;
     match how {
         "flip" => {
-            let mut bytes = std::fs::read(wal).expect("read the WAL");
+            let mut bytes = std::fs::read(file).expect("read the file");
             for b in &mut bytes[at as usize..at as usize + 8] {
                 *b ^= 0x5a;
             }
-            std::fs::write(wal, &bytes).expect("write the damaged WAL");
+            std::fs::write(file, &bytes).expect("write the damaged file");
         }
         "cut" => std::fs::OpenOptions::new()
             .write(true)
-            .open(wal)
+            .open(file)
             .and_then(|f| f.set_len(at))
-            .expect("truncate the WAL"),
+            .expect("truncate the file"),
         other => panic!("unknown damage {other}"),
     }
+}
+
+/// The largest table file of a node's RocksDB, and its size.
+fn largest_table(data: &Path) -> (PathBuf, u64) {
+    let db = data.join("db");
+    std::fs::read_dir(&db)
+        .unwrap_or_else(|e| panic!("listing {}: {e}", db.display()))
+        .filter_map(Result::ok)
+        .filter(|e| e.path().extension().is_some_and(|x| x == "sst"))
+        .filter_map(|e| Some((e.metadata().ok()?.len(), e.path())))
+        .max()
+        .map(|(size, path)| (path, size))
+        .unwrap_or_else(|| panic!("no table file in {}", db.display()))
 }
 
 /// A cluster with 400 acknowledged records in topic `kept`, every node caught up, and one
 /// follower SIGKILLed.
 async fn cluster_with_a_stopped_follower() -> (Cluster, u64, u64) {
-    let c = Cluster::start(3).await;
+    stopped_follower_of(Cluster::start(3).await, 0).await
+}
+
+/// The same, on `c`, with `large` more records of 2 KiB each published after the first 400.
+async fn stopped_follower_of(c: Cluster, large: u64) -> (Cluster, u64, u64) {
     let client = c.client();
     if let Err(e) = client.create_topic("kept", &TopicConfig::default()).await {
         c.fail(&format!("creating kept: {e}"));
@@ -74,10 +93,18 @@ async fn cluster_with_a_stopped_follower() -> (Cluster, u64, u64) {
         acked, 400,
         "every publish is acknowledged on a healthy cluster"
     );
+    for batch in 0..large / 4 {
+        let records = (0..4)
+            .map(|i| raftq_client::api::RecordIn::text(format!("{batch}-{i}-{}", "x".repeat(2048))))
+            .collect();
+        if let Err(e) = client.publish_records("kept", records).await {
+            c.fail(&format!("publishing batch {batch}: {e}"));
+        }
+    }
     c.wait_converged("kept").await;
     let follower = c.follower_id().await;
     c.kill(follower);
-    (c, follower, acked as u64)
+    (c, follower, acked as u64 + large / 4 * 4)
 }
 
 /// Whether `node` is a voter, as the leader says.
@@ -179,6 +206,26 @@ async fn a_node_whose_wal_was_cut_short_rejoins_as_a_learner() {
         log.contains("but reached") || log.contains("had acknowledged"),
         "the node names what was lost: {}",
         common::tail(&log, 30)
+    );
+}
+
+/// A flipped byte in a table file's data block: RocksDB opens the database without reading
+/// that block, so only the node's full read of its table files at start finds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_table_file_has_flipped_bytes_rejoins_as_a_learner() {
+    // Memtables of 64 KiB, so that 400 small and 200 large records make table files.
+    let c = Cluster::start_with(3, &["--write-buffer-bytes", "65536"]).await;
+    let (c, node, records) = stopped_follower_of(c, 200).await;
+    let (table, size) = largest_table(&c.data_dir(node));
+    assert!(size > 20_000, "a table file of {size} bytes");
+    // A third of the way in: a data block (the index and the footer are at the end).
+    damage(&table, size, "flip", 0.3);
+    c.restart(node).await;
+    check_rejoined(&c, node, records, true).await;
+    assert!(
+        c.log(node).contains("a table file fails its checks"),
+        "{}",
+        common::tail(&c.log(node), 30)
     );
 }
 

@@ -146,6 +146,10 @@ pub struct NodeEnv {
     /// With a fake clock, step the monotonic clock along with the wall clock: a fault no server
     /// can mask, which makes its stamps jump; only to show that the clock checks can fail.
     pub fake_monotonic: bool,
+    /// RocksDB's memtable size for every node (`--write-buffer-bytes`; default: the server's).
+    /// Small memtables are flushed within seconds, so that a short run already has table
+    /// files (`.sst`) for a fault to damage.
+    pub write_buffer_bytes: Option<u64>,
 }
 
 /// What one disk lost in a power loss.

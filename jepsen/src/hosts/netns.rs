@@ -584,6 +584,9 @@ impl NetnsHosts {
             .arg(cfg.secret_file())
             .arg("--cluster-id")
             .arg(&cfg.cluster_id);
+        if let Some(bytes) = cfg.env.write_buffer_bytes {
+            cmd.arg("--write-buffer-bytes").arg(bytes.to_string());
+        }
         // Only the command line configures the node.
         for (name, _) in std::env::vars_os() {
             if name.to_string_lossy().starts_with("RAFTQ_") {
