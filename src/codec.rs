@@ -61,6 +61,16 @@ pub fn decode_versioned<T: DeserializeOwned>(version: u8, bytes: &[u8]) -> Resul
     }
 }
 
+/// Bytes from hex digits, for tests that hold stored bytes as text.
+#[cfg(test)]
+pub fn unhex(s: &str) -> Vec<u8> {
+    assert!(s.len().is_multiple_of(2), "odd hex length {}", s.len());
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex"))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -54,19 +54,12 @@ mod tests {
     use crate::state::{Batch, LogPayload};
     use crate::store::snapshot::FileMeta;
 
-    fn unhex(s: &str) -> Vec<u8> {
-        (0..s.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex"))
-            .collect()
-    }
-
     /// Decodes `hex` as `T`, checks it is `want`, and that encoding `want` gives the same bytes.
     fn same<T>(hex: &str, want: &T)
     where
         T: serde::Serialize + serde::de::DeserializeOwned + PartialEq + std::fmt::Debug,
     {
-        let bytes = unhex(hex);
+        let bytes = codec::unhex(hex);
         let got: T = codec::decode(&bytes).expect("0.9 bytes decode");
         assert_eq!(&got, want);
         assert_eq!(

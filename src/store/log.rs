@@ -121,7 +121,7 @@ fn parse_index(key: &[u8]) -> StorageResult<u64> {
     Ok(u64::from_be_bytes(bytes))
 }
 
-fn encode_entry(entry: &Entry) -> StorageResult<Vec<u8>> {
+pub(crate) fn encode_entry(entry: &Entry) -> StorageResult<Vec<u8>> {
     let mut out = vec![ENTRY_FORMAT];
     out.extend(codec::encode(entry).map_err(to_io)?);
     Ok(out)

@@ -21,6 +21,8 @@ pub mod watermark;
 
 #[cfg(test)]
 mod conformance;
+#[cfg(test)]
+mod formats;
 
 use std::path::Path;
 use std::sync::Arc;

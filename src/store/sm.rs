@@ -83,7 +83,7 @@ pub(crate) fn decode_record(bytes: &[u8]) -> Result<StoredRecord, String> {
 
 /// The in-memory counters of [`SmState`] that are persisted under `m:state`.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-enum SmMeta {
+pub(super) enum SmMeta {
     V1 {
         clock_ms: u64,
         next_topic_id: u64,
