@@ -4,7 +4,7 @@
 //! the function the store uses and encodes it again; a change to a stored type that would make
 //! old data unreadable (a field added, removed or reordered, a variant renumbered) fails it.
 //! Such a change gets a new format version beside the old one, never a changed one
-//! (ARCHITECTURE.md, "Formats").
+//! (ARCHITECTURE.md, "Boundaries and compatibility").
 //!
 //! To add kinds after a new format version: run a cluster, write what the new version writes,
 //! stop it, and run `RAFTQ_CAPTURE_FORMATS=<node data dir> cargo test --release -p raftq --lib
