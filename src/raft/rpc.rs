@@ -257,19 +257,30 @@ struct RejoinRequest {
     id: NodeId,
 }
 
+/// Authenticates a rejoin or promote request and reads the id of the node it is about.
+fn rejoin_request(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: &[u8],
+    what: &str,
+) -> Result<NodeId, ApiError> {
+    authorize(state, headers)?;
+    let req: RejoinRequest = serde_json::from_slice(body)
+        .map_err(|e| ApiError::invalid(format!("{what} request: {e}")))?;
+    Ok(req.id)
+}
+
 /// `/raft/rejoin`: a node that lost data asks to be made a learner (leader only).
 async fn rejoin(
     State(state): State<AppState>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    authorize(&state, &headers)?;
-    let req: RejoinRequest = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::invalid(format!("rejoin request: {e}")))?;
-    match crate::rejoin::demote(&state, req.id).await {
+    let id = rejoin_request(&state, &headers, &body, "rejoin")?;
+    match crate::rejoin::demote(&state, id).await {
         Ok(grant) => {
             // Its log went back to nothing: replicate to it from the start, by snapshot.
-            let _ = state.raft.trigger().allow_next_revert(&req.id, true).await;
+            let _ = state.raft.trigger().allow_next_revert(&id, true).await;
             Ok(axum::Json(grant).into_response())
         }
         Err(why) => Err(ApiError::internal(why).with_status(503)),
@@ -282,13 +293,11 @@ async fn promote(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    authorize(&state, &headers)?;
-    let req: RejoinRequest = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::invalid(format!("promote request: {e}")))?;
-    crate::rejoin::promote(&state, req.id)
+    let id = rejoin_request(&state, &headers, &body, "promote")?;
+    crate::rejoin::promote(&state, id)
         .await
         .map_err(|why| ApiError::internal(why).with_status(503))?;
-    Ok(axum::Json(serde_json::json!({ "id": req.id })).into_response())
+    Ok(axum::Json(serde_json::json!({ "id": id })).into_response())
 }
 
 /// Whether this node has Raft state (used by the bootstrap of a new cluster).

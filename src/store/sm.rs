@@ -1014,6 +1014,29 @@ mod tests {
         }
     }
 
+    /// A node that applied `entries` entries of [`workload`], in a directory of its own.
+    fn node_with(entries: u64) -> (tempfile::TempDir, Arc<SmShared>) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let shared = open_at(dir.path());
+        workload(&shared, 1..=entries);
+        (dir, shared)
+    }
+
+    /// A leader with a snapshot of `entries` entries: its directory, its state machine, the
+    /// snapshot's meta and file.
+    fn leader_snapshot(
+        entries: u64,
+    ) -> (
+        tempfile::TempDir,
+        Arc<SmShared>,
+        snapshot::FileMeta,
+        PathBuf,
+    ) {
+        let (dir, leader) = node_with(entries);
+        let (meta, path) = leader.build_blocking().expect("leader snapshot");
+        (dir, leader, meta, path)
+    }
+
     /// What is in the snapshot directory: complete snapshots (each verified) by index, and
     /// whether any temp file is left.
     fn snapshot_files(dir: &std::path::Path) -> (Vec<u64>, bool) {
@@ -1039,9 +1062,7 @@ mod tests {
     #[test]
     fn a_crash_at_each_step_of_a_snapshot_build_leaves_a_consistent_node() {
         for point in crate::store::faults::BUILD {
-            let dir = tempfile::tempdir().expect("tempdir");
-            let shared = open_at(dir.path());
-            workload(&shared, 1..=3);
+            let (dir, shared) = node_with(3);
             shared.build_blocking().expect("first snapshot");
             workload(&shared, 4..=6);
             let want = shared.view().state.clone();
@@ -1072,10 +1093,7 @@ mod tests {
     /// under its final name, start-up finishes the install), never a mix.
     #[test]
     fn a_crash_at_each_step_of_a_snapshot_install_leaves_a_consistent_node() {
-        let leader_dir = tempfile::tempdir().expect("tempdir");
-        let leader = open_at(leader_dir.path());
-        workload(&leader, 1..=8);
-        let (meta, path) = leader.build_blocking().expect("leader snapshot");
+        let (_leader_dir, leader, meta, path) = leader_snapshot(8);
         let leader_state = leader.view().state.clone();
 
         for point in crate::store::faults::INSTALL {
@@ -1127,14 +1145,8 @@ mod tests {
     /// log before it may already be purged).
     #[test]
     fn a_build_that_finishes_after_an_install_keeps_the_newer_snapshot() {
-        let leader_dir = tempfile::tempdir().expect("tempdir");
-        let leader = open_at(leader_dir.path());
-        workload(&leader, 1..=8);
-        let (meta, path) = leader.build_blocking().expect("leader snapshot");
-
-        let dir = tempfile::tempdir().expect("tempdir");
-        let follower = open_at(dir.path());
-        workload(&follower, 1..=2);
+        let (_leader_dir, _leader, meta, path) = leader_snapshot(8);
+        let (dir, follower) = node_with(2);
         // The build takes its view and writes its file (index 2)...
         let view = follower.db.snapshot();
         let (built, built_path, bytes) =
@@ -1167,14 +1179,8 @@ mod tests {
     /// loaded at the next start.
     #[test]
     fn a_received_snapshot_that_fails_its_checks_is_never_stored() {
-        let leader_dir = tempfile::tempdir().expect("tempdir");
-        let leader = open_at(leader_dir.path());
-        workload(&leader, 1..=8);
-        let (meta, path) = leader.build_blocking().expect("leader snapshot");
-
-        let dir = tempfile::tempdir().expect("tempdir");
-        let follower = open_at(dir.path());
-        workload(&follower, 1..=2);
+        let (_leader_dir, _leader, meta, path) = leader_snapshot(8);
+        let (dir, follower) = node_with(2);
         let old_state = follower.view().state.clone();
         let mut announced = meta.raft_meta();
         announced.last_log_id = Some(LogId::new(CommittedLeaderId::new(1, 1), 9));
@@ -1195,10 +1201,7 @@ mod tests {
     /// state, and still ends with exactly the snapshot's state.
     #[test]
     fn a_snapshot_loads_in_bounded_batches() {
-        let leader_dir = tempfile::tempdir().expect("tempdir");
-        let leader = open_at(leader_dir.path());
-        workload(&leader, 1..=200);
-        let (_, path) = leader.build_blocking().expect("leader snapshot");
+        let (_leader_dir, leader, _, path) = leader_snapshot(200);
         let want = leader.view().state.clone();
 
         let dir = tempfile::tempdir().expect("tempdir");

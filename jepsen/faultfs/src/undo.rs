@@ -207,8 +207,8 @@ mod tests {
         assert_eq!(saved, map(&[(0, 20), (25, 30)]));
     }
 
-    #[test]
-    fn restore_puts_back_first_pre_images_and_size() {
+    /// A file holding `0123456789` in a directory of its own, opened for reading and writing.
+    fn ten_bytes() -> (tempfile::TempDir, std::path::PathBuf, std::fs::File) {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("f");
         std::fs::write(&path, b"0123456789").expect("write");
@@ -217,6 +217,12 @@ mod tests {
             .write(true)
             .open(&path)
             .expect("open");
+        (dir, path, file)
+    }
+
+    #[test]
+    fn restore_puts_back_first_pre_images_and_size() {
+        let (dir, path, file) = ten_bytes();
         let mut undo = Undo::new(file.try_clone().expect("clone"), 10);
         undo.save(2, 5, dir.path()).expect("save");
         file.write_all_at(b"abc", 2).expect("write");
@@ -233,14 +239,7 @@ mod tests {
 
     #[test]
     fn restore_undoes_a_truncation() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("f");
-        std::fs::write(&path, b"0123456789").expect("write");
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&path)
-            .expect("open");
+        let (dir, path, file) = ten_bytes();
         let mut undo = Undo::new(file.try_clone().expect("clone"), 10);
         undo.save(4, 10, dir.path()).expect("save");
         file.set_len(4).expect("truncate");
