@@ -41,7 +41,7 @@ fn publish(records: Vec<NewRecord>, producer: Option<ProducerSeq>) -> Command {
 
 fn batch(commands: Vec<Command>) -> Batch {
     Batch {
-        time_ms: 1_700_000_000_000,
+        timestamp_ms: 1_700_000_000_000,
         commands,
     }
 }

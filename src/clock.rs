@@ -11,7 +11,7 @@
 //! - is pulled toward a *reference* by at most [`MAX_SLEW_PPM`] of the elapsed time (1 %:
 //!   10 ms per second), never faster, and never backwards;
 //! - takes as reference the median of the wall clocks of the cluster's nodes (this node's own,
-//!   and the readings the [`Sampler`](crate::node) takes of its peers every second, each
+//!   and the readings the server takes of its peers every second, each
 //!   carried forward by the monotonic time since it was taken), so a jump of any one node's wall
 //!   clock, the leader's included, does not move it at all;
 //! - starts (on the first stamp of a process) at that reference, once readings of a majority

@@ -146,7 +146,7 @@ pub struct Settings {
     pub cluster_id: String,
     pub cluster_secret: String,
     /// API tokens; empty means the API is open.
-    pub tokens: std::sync::Arc<crate::auth::Tokens>,
+    pub tokens: std::sync::Arc<crate::tokens::Tokens>,
     /// Where the tokens came from, for the start-up log.
     pub tokens_file: Option<PathBuf>,
     pub shutdown_timeout: Duration,
@@ -308,8 +308,8 @@ impl ServeArgs {
         }
         let tokens_file = self.tokens_file.clone().or(file.tokens_file);
         let tokens = match &tokens_file {
-            Some(path) => crate::auth::Tokens::load(path, &secret)?,
-            None => crate::auth::Tokens::default(),
+            Some(path) => crate::tokens::Tokens::load(path, &secret)?,
+            None => crate::tokens::Tokens::default(),
         };
         let cluster_id = self
             .cluster_id
@@ -547,7 +547,7 @@ mod tests {
             &path,
             format!(
                 "[[token]]\nname = \"t\"\nsha256 = \"{}\"\ngrants = [\"admin:*\"]\n",
-                crate::auth::token_hash_hex("tok")
+                crate::tokens::token_hash_hex("tok")
             ),
         )
         .unwrap();
@@ -557,7 +557,7 @@ mod tests {
             &path,
             format!(
                 "[[token]]\nname = \"t\"\nsha256 = \"{}\"\ngrants = [\"admin:*\"]\n",
-                crate::auth::token_hash_hex("0123456789abcdef")
+                crate::tokens::token_hash_hex("0123456789abcdef")
             ),
         )
         .unwrap();

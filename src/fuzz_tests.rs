@@ -64,7 +64,7 @@ fn sample_entry() -> Entry {
     Entry {
         log_id: log_id(9),
         payload: openraft::EntryPayload::Normal(LogPayload::V1(Batch {
-            time_ms: 1_764_480_000_000,
+            timestamp_ms: 1_764_480_000_000,
             commands: vec![Command::Publish(Publish {
                 topic: "orders".into(),
                 records: vec![NewRecord {
@@ -202,10 +202,10 @@ fn decode_client_input(b: &[u8]) {
     let text = String::from_utf8_lossy(b).into_owned();
     let _ = crate::api::records::read_params(&Some(text.clone()));
     let _ = crate::state::Receipt::parse(&text);
-    let tokens = crate::auth::Tokens::parse(
+    let tokens = crate::tokens::Tokens::parse(
         &format!(
             "[[token]]\nname = \"t\"\nsha256 = \"{}\"\ngrants = [\"publish:a*\"]\n",
-            crate::auth::token_hash_hex("t")
+            crate::tokens::token_hash_hex("t")
         ),
         "cluster-secret-0123",
     )
@@ -221,7 +221,7 @@ fn decode_client_input(b: &[u8]) {
         "/v1/topics/{topic}",
         "/v1/cluster/nodes/{id}",
     ] {
-        let _ = crate::auth::authorize(
+        let _ = crate::api::auth::authorize(
             &tokens,
             "cluster-secret-0123",
             &axum::http::Method::POST,
@@ -230,7 +230,7 @@ fn decode_client_input(b: &[u8]) {
             &headers,
         );
     }
-    let _ = crate::auth::Tokens::parse(&text, "cluster-secret-0123");
+    let _ = crate::tokens::Tokens::parse(&text, "cluster-secret-0123");
 }
 
 proptest! {

@@ -21,31 +21,31 @@ enum Cmd {
     /// Run one node of a raftq cluster.
     Serve(raftq::config::ServeArgs),
     /// Consume a subscription: pull messages, print each on a line, ack it once printed.
-    Consume(raftq::cli::ConsumeArgs),
+    Consume(raftq_cli::ConsumeArgs),
     /// Print a topic's records, optionally for a subscription (moving its cursor) and following.
-    Tail(raftq::cli::TailArgs),
+    Tail(raftq_cli::TailArgs),
     /// Publish lines of a file or stdin as records, in ordered idempotent batches; with
     /// --spool, a killed run loses nothing and a rerun resumes.
-    Publish(raftq::cli::PublishArgs),
+    Publish(raftq_cli::PublishArgs),
     /// Print the counters of a topic (or of every topic) as of a commit point.
-    Report(raftq::cli::ReportArgs),
+    Report(raftq_cli::ReportArgs),
     /// Measure a running cluster: durable publish (P1), consume and ack (P2), latency (P3),
     /// stream fan-out (P4).
-    Bench(raftq::cli::bench::BenchArgs),
+    Bench(raftq_cli::bench::BenchArgs),
     /// See and change the cluster: status, add, promote, remove, transfer-leader, snapshot.
-    Cluster(raftq::cli::cluster::ClusterArgs),
+    Cluster(raftq_cli::cluster::ClusterArgs),
     /// Make API tokens: a new random token with its tokens-file entry, or a token's hash.
-    Token(raftq::cli::token::TokenArgs),
+    Token(raftq::admin::token::TokenArgs),
     /// Create, list, describe and delete topics.
-    Topic(raftq::cli::topic::TopicArgs),
+    Topic(raftq_cli::topic::TopicArgs),
     /// Create, list, describe and delete the subscriptions of a topic.
-    Sub(raftq::cli::sub::SubArgs),
+    Sub(raftq_cli::sub::SubArgs),
     /// Copy a node's newest snapshot to a backup file (safe beside a running node).
-    Backup(raftq::cli::backup::BackupArgs),
+    Backup(raftq::admin::backup::BackupArgs),
     /// Make the data directory of a new cluster's node from a backup file.
-    Restore(raftq::cli::backup::RestoreArgs),
+    Restore(raftq::admin::backup::RestoreArgs),
     /// Ask one node whether it is alive (or, with --ready, ready); exit 0 if so, 1 if not.
-    Health(raftq::cli::health::HealthArgs),
+    Health(raftq_cli::health::HealthArgs),
 }
 
 fn init_logging(format: &str) {
@@ -71,20 +71,20 @@ fn main() -> std::process::ExitCode {
             tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()?
-                .block_on(raftq::node::run(settings))
+                .block_on(raftq::server::run(settings))
         }),
-        Cmd::Consume(args) => return raftq::cli::consume(args),
-        Cmd::Tail(args) => return raftq::cli::tail(args),
-        Cmd::Publish(args) => return raftq::cli::publish(args),
-        Cmd::Report(args) => return raftq::cli::report(args),
-        Cmd::Cluster(args) => return raftq::cli::cluster::cluster(args),
-        Cmd::Bench(args) => return raftq::cli::bench::bench(args),
-        Cmd::Token(args) => return raftq::cli::token::token(args),
-        Cmd::Topic(args) => return raftq::cli::topic::topic(args),
-        Cmd::Sub(args) => return raftq::cli::sub::sub(args),
-        Cmd::Backup(args) => return raftq::cli::backup::backup(args),
-        Cmd::Restore(args) => return raftq::cli::backup::restore(args),
-        Cmd::Health(args) => return raftq::cli::health::health(args),
+        Cmd::Consume(args) => return raftq_cli::consume(args),
+        Cmd::Tail(args) => return raftq_cli::tail(args),
+        Cmd::Publish(args) => return raftq_cli::publish(args),
+        Cmd::Report(args) => return raftq_cli::report(args),
+        Cmd::Cluster(args) => return raftq_cli::cluster::cluster(args),
+        Cmd::Bench(args) => return raftq_cli::bench::bench(args),
+        Cmd::Token(args) => return raftq::admin::token::token(args),
+        Cmd::Topic(args) => return raftq_cli::topic::topic(args),
+        Cmd::Sub(args) => return raftq_cli::sub::sub(args),
+        Cmd::Backup(args) => return raftq::admin::backup::backup(args),
+        Cmd::Restore(args) => return raftq::admin::backup::restore(args),
+        Cmd::Health(args) => return raftq_cli::health::health(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -5,7 +5,7 @@
 //!   (route, method, status, latency), log appends and WAL fsyncs, commands and bytes per Raft
 //!   entry, snapshots built and installed, leader changes. The Prometheus recorder is installed
 //!   once per process by [`install`]; without it (unit tests) recording does nothing.
-//! - State metrics, read at scrape time from Raft's metrics and the applied state: term, role,
+//! - State metrics, read at scrape time from the node's status and applied state: term, role,
 //!   indexes, and per topic and subscription the counts of the reports. They are rendered
 //!   directly, so a deleted topic's series disappear with it.
 
@@ -13,13 +13,11 @@ use std::fmt::Write as _;
 use std::sync::OnceLock;
 use std::time::Instant;
 
+use crate::node::{Node, Role};
 use axum::extract::{MatchedPath, Request};
 use axum::middleware::Next;
 use axum::response::Response;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use openraft::async_runtime::watch::WatchReceiver as _;
-
-use crate::node::Node;
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
@@ -169,29 +167,29 @@ fn family(out: &mut String, name: &str, kind: &str, help: &str) {
 }
 
 fn raft_metrics(node: &Node, out: &mut String) {
-    let m = node.raft.metrics().borrow_watched().clone();
+    let status = node.status();
     let gauges: [(&str, &str, u64); 6] = [
-        ("raftq_node_id", "This node's id", node.id),
-        ("raftq_raft_term", "Current Raft term", m.current_term),
+        ("raftq_node_id", "This node's id", status.id),
+        ("raftq_raft_term", "Current Raft term", status.term),
         (
             "raftq_raft_leader_id",
             "Id of the leader this node knows (0: none)",
-            m.current_leader.unwrap_or(0),
+            status.leader.unwrap_or(0),
         ),
         (
             "raftq_raft_last_log_index",
             "Last index in this node's log",
-            m.last_log_index.unwrap_or(0),
+            status.last_log_index.unwrap_or(0),
         ),
         (
             "raftq_raft_commit_index",
             "Highest index this node knows committed",
-            node.committed.load(std::sync::atomic::Ordering::Relaxed),
+            status.committed,
         ),
         (
             "raftq_raft_applied_index",
             "Highest index applied to the state machine",
-            m.last_applied.map_or(0, |l| l.index),
+            status.applied,
         ),
     ];
     for (name, help, value) in gauges {
@@ -204,12 +202,12 @@ fn raft_metrics(node: &Node, out: &mut String) {
         "gauge",
         "1 for this node's Raft state (leader, follower, candidate, learner), 0 for the others",
     );
-    let state = format!("{:?}", m.state).to_ascii_lowercase();
-    for s in ["leader", "follower", "candidate", "learner", "shutdown"] {
+    for role in Role::ALL {
         let _ = writeln!(
             out,
-            "raftq_raft_state{{state=\"{s}\"}} {}",
-            u8::from(state == s)
+            "raftq_raft_state{{state=\"{}\"}} {}",
+            role.name(),
+            u8::from(status.role == role)
         );
     }
     family(
@@ -218,16 +216,16 @@ fn raft_metrics(node: &Node, out: &mut String) {
         "gauge",
         "Last log index known replicated to each member (on the leader only)",
     );
-    if let Some(replication) = &m.replication {
+    if let Some(replication) = &status.replication {
         for (id, matched) in replication {
-            let index = matched.as_ref().map_or(0, |l| l.index);
+            let index = matched.unwrap_or(0);
             let _ = writeln!(
                 out,
                 "raftq_raft_member_matched_index{{member=\"{id}\"}} {index}"
             );
         }
     }
-    let (snap_index, snap_bytes) = node.sm.snapshot_info().unwrap_or((0, 0));
+    let (snap_index, snap_bytes) = node.snapshot_info().unwrap_or((0, 0));
     family(
         out,
         "raftq_snapshot_index",
@@ -246,8 +244,11 @@ fn raft_metrics(node: &Node, out: &mut String) {
 
 /// Per topic and per subscription, as of the node's applied state (the reports' numbers).
 fn state_metrics(node: &Node, out: &mut String) {
-    let view = node.sm.view();
-    let state = &view.state;
+    node.read(|view| state_families(&view.state, out));
+}
+
+/// The families of [`state_metrics`], from one applied state.
+fn state_families(state: &crate::state::SmState, out: &mut String) {
     type TopicGet = fn(&crate::state::TopicMeta) -> u64;
     let topics: [(&str, &str, &str, TopicGet); 6] = [
         (

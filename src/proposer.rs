@@ -24,8 +24,9 @@ use openraft::impls::ProgressResponder;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use crate::clock::EntryClock;
-use crate::raft::{NodeId, Raft};
+use crate::raft::NodeId;
 use crate::state::{Batch, Command, CommandResult, CommitPoint, LogPayload};
+use crate::store::Raft;
 
 /// Why a command got no result from the state machine.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -345,7 +346,7 @@ async fn run(
         }
         anchored = true;
         let payload = LogPayload::V1(Batch {
-            time_ms: clock.stamp_ms(),
+            timestamp_ms: clock.stamp_ms(),
             commands,
         });
         let (responder, _commit, receiver) = ProgressResponder::new();

@@ -29,10 +29,12 @@
 use std::path::Path;
 use std::time::Duration;
 
-use openraft::async_runtime::watch::WatchReceiver as _;
+use std::collections::BTreeSet;
+
 use serde::{Deserialize, Serialize};
 
 use crate::config::Settings;
+use crate::node::{AppState, Node};
 use crate::raft::network::SECRET_HEADER;
 use crate::raft::NodeId;
 
@@ -143,34 +145,33 @@ pub async fn demote_self(settings: &Settings) -> Grant {
 /// Node side, once Raft runs: waits until the node has applied the membership that made it a
 /// learner, asks the leader to make it a voter again until it is one in its applied
 /// membership, then removes the marker. Ends early on shutdown.
-pub async fn finish_when_caught_up(node: crate::node::AppState, grant: Grant) {
-    let mut applied = node.sm.subscribe_applied();
+pub async fn finish_when_caught_up(node: AppState, grant: Grant) {
+    let mut applied = node.applied_changes();
     let mut shutdown = node.shutdown_rx();
     loop {
-        let (applied_index, voter) = {
-            let view = node.sm.view();
+        let (applied_index, voter) = node.read(|view| {
             let voter = view
                 .membership
                 .membership()
                 .voter_ids()
-                .any(|id| id == node.id);
+                .any(|id| id == node.id());
             (view.last_applied.map_or(0, |l| l.index), voter)
-        };
+        });
         if applied_index >= grant.index && voter {
-            match finish(&node.settings.data) {
+            match finish(&node.settings().data) {
                 Ok(()) => tracing::info!("rejoined: a voter again"),
                 Err(e) => tracing::error!("cannot remove the rejoin marker: {e}"),
             }
             return;
         }
         if applied_index >= grant.index {
-            if let Some((leader, url)) = node.leader().filter(|(id, _)| *id != node.id) {
-                let answer = node
-                    .settings
+            if let Some((leader, url)) = node.other_leader() {
+                let settings = node.settings();
+                let answer = settings
                     .peer_http
                     .post(format!("{url}/raft/promote"))
-                    .header(SECRET_HEADER, &node.settings.cluster_secret)
-                    .json(&serde_json::json!({ "id": node.id }))
+                    .header(SECRET_HEADER, &settings.cluster_secret)
+                    .json(&serde_json::json!({ "id": node.id() }))
                     .timeout(Duration::from_secs(70))
                     .send()
                     .await;
@@ -192,42 +193,31 @@ pub async fn finish_when_caught_up(node: crate::node::AppState, grant: Grant) {
 }
 
 /// Whether this node is rejoining: it then refuses to vote.
-pub fn is_rejoining(node: &crate::node::Node) -> bool {
-    node.settings.data.join(MARKER).exists()
+pub fn is_rejoining(node: &Node) -> bool {
+    node.settings().data.join(MARKER).exists()
 }
 
 /// Leader side: makes `id` a learner (if it is a voter) and answers the grant. Only a leader
 /// that has heard from a quorum takes it; the change commits with a majority of the other
 /// voters before the answer.
-pub async fn demote(node: &crate::node::Node, id: NodeId) -> Result<Grant, String> {
+pub async fn demote(node: &Node, id: NodeId) -> Result<Grant, String> {
     if !node.leads_with_quorum() || node.is_transferring() {
         return Err("not the leader".into());
     }
-    let (voters, known) = {
-        let m = node.raft.metrics().borrow_watched().clone();
-        let membership = m.membership_config.membership();
-        (
-            membership
-                .voter_ids()
-                .collect::<std::collections::BTreeSet<_>>(),
-            membership.get_node(&id).is_some(),
-        )
-    };
-    if !known {
+    let status = node.status();
+    if !status.members.contains_key(&id) {
         return Err(format!("node {id} is not a member"));
     }
-    if id == node.id {
+    if id == node.id() {
         return Err("a leader does not rejoin through itself".into());
     }
-    let index = if voters.contains(&id) {
-        let rest: std::collections::BTreeSet<NodeId> =
-            voters.iter().copied().filter(|v| *v != id).collect();
+    let index = if status.voters.contains(&id) {
+        let rest: BTreeSet<NodeId> = status.voters.iter().copied().filter(|v| *v != id).collect();
         if rest.is_empty() {
             return Err("it is the only voter".into());
         }
-        let resp = node
-            .raft
-            .change_membership(rest.clone(), true)
+        let index = node
+            .set_voters(rest.clone(), true)
             .await
             .map_err(|e| format!("cannot make node {id} a learner: {e}"))?;
         tracing::warn!(
@@ -235,42 +225,34 @@ pub async fn demote(node: &crate::node::Node, id: NodeId) -> Result<Grant, Strin
             voters = ?rest,
             "node {id} lost data it had acknowledged: it is a learner until it has caught up"
         );
-        resp.log_id.index
+        index
     } else {
-        let m = node.raft.metrics().borrow_watched().clone();
-        m.membership_config.log_id().map_or(0, |l| l.index)
+        node.status().membership_index.unwrap_or(0)
     };
-    let term = node.raft.metrics().borrow_watched().current_term;
+    let term = node.status().term;
     Ok(Grant {
         term,
-        leader_id: node.id,
+        leader_id: node.id(),
         index,
     })
 }
 
 /// Leader side: makes learner `id` a voter again once it has replicated this leader's log.
-pub async fn promote(node: &crate::node::AppState, id: NodeId) -> Result<(), String> {
+pub async fn promote(node: &Node, id: NodeId) -> Result<(), String> {
     if !node.leads_with_quorum() || node.is_transferring() {
         return Err("not the leader".into());
     }
-    let voters: std::collections::BTreeSet<NodeId> = {
-        let m = node.raft.metrics().borrow_watched().clone();
-        let membership = m.membership_config.membership();
-        if membership.get_node(&id).is_none() {
-            return Err(format!("node {id} is not a member"));
-        }
-        membership.voter_ids().collect()
-    };
-    if voters.contains(&id) {
+    let status = node.status();
+    if !status.members.contains_key(&id) {
+        return Err(format!("node {id} is not a member"));
+    }
+    if status.voters.contains(&id) {
         return Ok(());
     }
-    crate::api::membership::wait_caught_up(node, id)
-        .await
-        .map_err(|e| e.problem.detail.clone())?;
-    let mut all = voters;
+    node.wait_caught_up(id).await.map_err(|e| e.to_string())?;
+    let mut all = status.voters;
     all.insert(id);
-    node.raft
-        .change_membership(all.clone(), true)
+    node.set_voters(all.clone(), true)
         .await
         .map_err(|e| format!("cannot make node {id} a voter: {e}"))?;
     tracing::info!(node = id, voters = ?all, "node {id} caught up and is a voter again");

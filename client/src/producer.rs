@@ -92,6 +92,7 @@ use tokio::time::Instant;
 use crate::api::{
     is_valid_name, ErrorCode, Problem, PublishRequest, PublishResponse, RecordIn, MAX_BATCH_RECORDS,
 };
+pub use crate::error::ProducerError;
 use crate::spool::{Op, Spool};
 use crate::transport::jittered;
 use crate::{Client, Error};
@@ -315,58 +316,6 @@ impl SendError {
             SendError::OffsetUnknown | SendError::Indeterminate { .. }
         )
     }
-}
-
-/// Why a [`Producer`] call failed, or why the producer stopped.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ProducerError {
-    /// Options, the topic name, or a record were rejected before anything was done.
-    #[error("invalid argument: {0}")]
-    InvalidArgument(String),
-    /// The spool directory cannot be used: an I/O error, or a damaged file. After an I/O error
-    /// while running, the producer stops (what the spool holds is still consistent: a failed
-    /// write is never acted on).
-    #[error("spool {}: {detail}", path.display())]
-    Spool {
-        /// The spool directory.
-        path: PathBuf,
-        /// What went wrong and what to do.
-        detail: String,
-    },
-    /// Another producer (in this process or another) holds the spool's lock.
-    #[error(
-        "spool {} is in use by another producer (its LOCK is held); a spool serves one producer \
-         at a time",
-        path.display()
-    )]
-    SpoolInUse {
-        /// The spool directory.
-        path: PathBuf,
-    },
-    /// The spool belongs to another topic or another producer id.
-    #[error("spool {} is not this producer's: {detail}", path.display())]
-    ForeignSpool {
-        /// The spool directory.
-        path: PathBuf,
-        /// Whose it is, and what to do.
-        detail: String,
-    },
-    /// The server no longer knows this producer while some of its batches are unsettled:
-    /// whether they were appended cannot be known. The producer stopped.
-    #[error("{detail}")]
-    ProducerForgotten {
-        /// Which records are concerned, and what to do.
-        detail: String,
-    },
-    /// The producer cannot tell where the server's sequence for it stands, and stopped.
-    #[error("the producer stopped: it cannot tell what the server holds: {detail}")]
-    Desynchronized {
-        /// What contradicted what.
-        detail: String,
-    },
-    /// The producer was closed or aborted.
-    #[error("the producer is closed")]
-    Closed,
 }
 
 /// What a producer found in its spool when it was opened: batches accepted by an earlier

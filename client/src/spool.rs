@@ -48,7 +48,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::api::RecordIn;
-use crate::producer::ProducerError;
+use crate::error::ProducerError;
 
 /// Name of the entry log inside a spool directory.
 pub(crate) const SPOOL_FILE: &str = "spool.log";

@@ -1,11 +1,7 @@
 //! `GET /v1/cluster`, `/healthz` and `/readyz`.
 
-use openraft::async_runtime::watch::WatchReceiver as _;
-use std::sync::atomic::Ordering;
-
-use std::time::{Duration, Instant};
-
 use axum::extract::{RawQuery, State};
+use axum::http::Uri;
 use axum::Json;
 use raftq_client::api::{ClusterMember, ClusterStatus, SnapshotInfo, SnapshotTaken, StateDigest};
 use serde::Serialize;
@@ -56,47 +52,38 @@ pub async fn status(
         }
     }
     let state_digest = if want_digest {
-        let sm = node.sm.clone();
-        let (index, digest) = tokio::task::spawn_blocking(move || sm.digest())
-            .await
-            .map_err(|e| ApiError::internal(e.to_string()))?
-            .map_err(ApiError::internal)?;
+        let (index, digest) = node.digest().await.map_err(ApiError::internal)?;
         Some(StateDigest { index, digest })
     } else {
         None
     };
-    let m = node.raft.metrics().borrow_watched().clone();
-    let membership = m.membership_config.membership();
-    let voters: Vec<u64> = membership.voter_ids().collect();
-    let leader_url = m
-        .current_leader
-        .and_then(|id| membership.get_node(&id).map(|n| n.addr.clone()));
-    let members = membership
-        .nodes()
-        .map(|(id, n)| {
-            let matched_index = match &m.replication {
-                Some(_) if *id == node.id => m.last_log_index,
-                Some(repl) => repl.get(id).and_then(|l| l.map(|l| l.index)),
+    let status = node.status();
+    let members = status
+        .members
+        .iter()
+        .map(|(id, url)| {
+            let matched_index = match &status.replication {
+                Some(_) if *id == status.id => status.last_log_index,
+                Some(repl) => repl.get(id).copied().flatten(),
                 None => None,
             };
             ClusterMember {
                 id: *id,
-                url: n.addr.clone(),
-                voter: voters.contains(id),
+                url: url.clone(),
+                voter: status.voters.contains(id),
                 matched_index,
             }
         })
         .collect();
     Ok(Json(ClusterStatus {
-        node_id: node.id,
-        leader_id: m.current_leader,
-        leader_url,
-        term: m.current_term,
-        commit_index: node.committed.load(Ordering::Relaxed),
-        last_applied: m.last_applied.map_or(0, |l| l.index),
+        node_id: status.id,
+        leader_id: status.leader,
+        leader_url: status.leader_url().map(str::to_string),
+        term: status.term,
+        commit_index: status.committed,
+        last_applied: status.applied,
         members,
         snapshot: node
-            .sm
             .snapshot_info()
             .map(|(index, bytes)| SnapshotInfo { index, bytes }),
         state_digest,
@@ -118,31 +105,18 @@ pub async fn status(
     ),
     security(("bearer" = [])),
 )]
-pub async fn snapshot(State(node): State<AppState>) -> Result<Json<SnapshotTaken>, ApiError> {
-    let applied = node.sm.view().commit_point.index;
-    node.raft
-        .trigger()
-        .snapshot()
+pub async fn snapshot(
+    State(node): State<AppState>,
+    uri: Uri,
+) -> Result<Json<SnapshotTaken>, ApiError> {
+    let (index, bytes) = node
+        .snapshot_now()
         .await
-        .map_err(|e| ApiError::internal(format!("cannot start a snapshot: {e}")))?;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Some((index, bytes)) = node.sm.snapshot_info() {
-            if index >= applied {
-                return Ok(Json(SnapshotTaken {
-                    node_id: node.id,
-                    snapshot: SnapshotInfo { index, bytes },
-                }));
-            }
-        }
-        if Instant::now() >= deadline {
-            return Err(ApiError::internal(format!(
-                "the snapshot of index {applied} is not done after 60 s; see the node's log"
-            ))
-            .with_status(503));
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        .map_err(|e| super::write_error(e, &uri))?;
+    Ok(Json(SnapshotTaken {
+        node_id: node.id(),
+        snapshot: SnapshotInfo { index, bytes },
+    }))
 }
 
 /// Answer of `GET /healthz`.
@@ -199,15 +173,15 @@ pub async fn readyz(State(node): State<AppState>) -> Result<Json<Readiness>, Api
     if node.is_shutting_down() {
         return Err(ApiError::shutting_down(None));
     }
-    let m = node.raft.metrics().borrow_watched().clone();
-    let Some(leader) = m.current_leader else {
+    let status = node.status();
+    let Some(leader) = status.leader else {
         return Err(ApiError::no_leader());
     };
-    if leader == node.id && !node.leads_with_quorum() {
+    if leader == node.id() && !node.leads_with_quorum() {
         return Err(ApiError::no_leader());
     }
-    let applied = m.last_applied.map_or(0, |l| l.index);
-    let committed = node.committed.load(Ordering::Relaxed);
+    let applied = status.applied;
+    let committed = status.committed;
     if applied < committed {
         return Err(ApiError::internal(format!(
             "catching up: applied {applied} of {committed} committed"

@@ -22,7 +22,6 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::error::ApiError;
 use crate::config::Settings;
-use crate::node::AppState;
 
 /// Body bytes are counted in KiB so that a semaphore's `u32` permits cover any budget.
 const UNIT: u64 = 1024;
@@ -68,8 +67,7 @@ impl Limits {
 }
 
 /// Admits a `/v1` request only while the node holds less than its limits.
-pub async fn load_gate(State(node): State<AppState>, req: Request, next: Next) -> Response {
-    let limits = &node.limits;
+pub async fn load_gate(State(limits): State<Arc<Limits>>, req: Request, next: Next) -> Response {
     let Ok(request_slot) = limits.requests.clone().try_acquire_owned() else {
         return ApiError::overloaded(format!(
             "this node is answering {} requests already; retry later",

@@ -6,17 +6,13 @@
 //! voters agree on every step. A node id that was removed is never accepted again: the state
 //! machine remembers every retired id.
 
-use openraft::async_runtime::watch::WatchReceiver as _;
-use std::collections::{BTreeMap, BTreeSet};
-use std::time::{Duration, Instant};
+use std::collections::BTreeSet;
 
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::extract::{Path, RawQuery, State};
 use axum::http::Uri;
 use axum::Json;
-use openraft::error::{ChangeMembershipError, ClientWriteError, RaftError};
-use openraft::{BasicNode, ChangeMembers};
 use raftq_client::api::{
     AddNodeRequest, ClusterStatus, ErrorCode, SetVotersRequest, TransferLeaderRequest,
     TransferLeaderResponse,
@@ -25,52 +21,21 @@ use raftq_client::api::{
 use super::error::ApiError;
 use super::openapi::responses::*;
 use super::parse_json;
-use crate::node::AppState;
-use crate::raft::{NodeId, TypeConfig};
+use crate::node::{AppState, WriteError};
+use crate::raft::NodeId;
 
-/// How long adding a learner waits for it to catch up.
-const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(60);
-
-fn membership_error(e: RaftError<TypeConfig, ClientWriteError<TypeConfig>>) -> ApiError {
+/// A cluster change's error. A redirect to the leader points at `/v1/cluster` (the leader's
+/// view of the cluster), not at the change: a change is never replayed on another node by a
+/// redirect alone.
+fn membership_error(e: WriteError) -> ApiError {
     match e {
-        RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => {
-            match (f.leader_id, f.leader_node) {
-                (Some(id), Some(n)) => ApiError::not_leader(id, &n.addr, "/v1/cluster"),
-                _ => ApiError::no_leader(),
-            }
-        }
-        RaftError::APIError(ClientWriteError::ChangeMembershipError(c)) => match c {
-            ChangeMembershipError::InProgress(_) => ApiError::invalid(
-                "another membership change is still in progress; retry when it is done",
-            )
-            .with_status(409),
-            other => ApiError::invalid(other.to_string()),
-        },
-        RaftError::APIError(e @ ClientWriteError::LogEntryDiscarded(_)) => {
-            ApiError::indeterminate(e.to_string())
-        }
-        RaftError::APIError(e @ ClientWriteError::PreconditionFailed(_)) => {
-            ApiError::internal(e.to_string())
-        }
-        RaftError::Fatal(f) => ApiError::indeterminate(format!("Raft stopped: {f}")),
+        WriteError::NotLeader { id, url } => ApiError::not_leader(id, &url, "/v1/cluster"),
+        other => super::write_error(other, &Uri::from_static("/v1/cluster")),
     }
 }
 
 async fn status(node: &AppState) -> Result<Json<ClusterStatus>, ApiError> {
     super::cluster::status(State(node.clone()), RawQuery(None)).await
-}
-
-/// The voters, every member with its URL, and whether a change is half done (a joint
-/// configuration, whose voters are the union of the old and the new set).
-fn members(node: &AppState) -> (BTreeSet<NodeId>, BTreeMap<NodeId, String>, bool) {
-    let m = node.raft.metrics().borrow_watched().clone();
-    let membership = m.membership_config.membership();
-    let voters = membership.voter_ids().collect();
-    let nodes = membership
-        .nodes()
-        .map(|(id, n)| (*id, n.addr.clone()))
-        .collect();
-    (voters, nodes, membership.get_joint_config().len() > 1)
 }
 
 fn check_url(url: &str) -> Result<String, ApiError> {
@@ -110,16 +75,15 @@ pub async fn add_node(
     if req.id == 0 {
         return Err(ApiError::invalid("node id 0 is reserved; ids start at 1"));
     }
-    node.require_leader(&uri)?;
-    if node.sm.view().state.retired_nodes.contains(&req.id) {
+    super::require_leader(&node, &uri)?;
+    if node.read(|view| view.state.retired_nodes.contains(&req.id)) {
         return Err(ApiError::invalid(format!(
             "node id {} was removed from this cluster; ids are never reused, give the new node \
              another id",
             req.id
         )));
     }
-    let (_, nodes, _) = members(&node);
-    match nodes.get(&req.id) {
+    match node.status().members.get(&req.id) {
         Some(existing) if *existing != url => {
             return Err(ApiError::new(
                 ErrorCode::AlreadyExists,
@@ -128,43 +92,16 @@ pub async fn add_node(
         }
         Some(_) => {}
         None => {
-            node.raft
-                .add_learner(req.id, BasicNode::new(&url), false)
+            node.add_learner(req.id, &url)
                 .await
                 .map_err(membership_error)?;
             tracing::info!(id = req.id, url, "added a learner");
         }
     }
-    wait_caught_up(&node, req.id).await?;
+    node.wait_caught_up(req.id)
+        .await
+        .map_err(membership_error)?;
     status(&node).await
-}
-
-/// Waits until `id` has replicated the leader's log as it was when the wait began.
-pub(crate) async fn wait_caught_up(node: &AppState, id: NodeId) -> Result<(), ApiError> {
-    let mut rx = node.raft.metrics();
-    let target = rx.borrow_watched().last_log_index;
-    let deadline = Instant::now() + CATCH_UP_TIMEOUT;
-    loop {
-        let matched = rx
-            .borrow_watched()
-            .replication
-            .as_ref()
-            .and_then(|r| r.get(&id).copied().flatten())
-            .map(|l| l.index);
-        if matched >= target {
-            return Ok(());
-        }
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() || tokio::time::timeout(left, rx.changed()).await.is_err() {
-            return Err(ApiError::internal(format!(
-                "node {id} is a learner now but has not caught up after {} s (at {matched:?} of \
-                 {target:?}); check that it runs and is reachable, then add it again to wait \
-                 more",
-                CATCH_UP_TIMEOUT.as_secs()
-            ))
-            .with_status(504));
-        }
-    }
 }
 
 /// Set the voters
@@ -199,9 +136,10 @@ pub async fn set_voters(
     if ids.len() != req.ids.len() {
         return Err(ApiError::invalid("ids lists a node twice"));
     }
-    node.require_leader(&uri)?;
-    let (voters, nodes, joint) = members(&node);
-    if let Some(unknown) = ids.iter().find(|id| !nodes.contains_key(id)) {
+    super::require_leader(&node, &uri)?;
+    let now = node.status();
+    let (voters, joint) = (now.voters, now.joint);
+    if let Some(unknown) = ids.iter().find(|id| !now.members.contains_key(id)) {
         return Err(ApiError::invalid(format!(
             "node {unknown} is not a member; add it first with POST /v1/cluster/nodes"
         )));
@@ -211,11 +149,10 @@ pub async fn set_voters(
     if ids != voters || joint {
         // New voters must have the log first, or the new configuration could not commit.
         for id in ids.difference(&voters) {
-            wait_caught_up(&node, *id).await?;
+            node.wait_caught_up(*id).await.map_err(membership_error)?;
         }
         // Voters that leave stay as learners; DELETE removes them.
-        node.raft
-            .change_membership(ids.clone(), true)
+        node.set_voters(ids.clone(), true)
             .await
             .map_err(membership_error)?;
         tracing::info!(voters = ?ids, "voters changed");
@@ -251,9 +188,10 @@ pub async fn remove_node(
     let id: NodeId = id
         .parse()
         .map_err(|_| ApiError::invalid(format!("node id {id:?} is not a positive integer")))?;
-    node.require_leader(&uri)?;
-    let (voters, nodes, _) = members(&node);
-    if !nodes.contains_key(&id) {
+    super::require_leader(&node, &uri)?;
+    let now = node.status();
+    let voters = now.voters;
+    if !now.members.contains_key(&id) {
         return Err(ApiError::invalid(format!("node {id} is not a member")).with_status(404));
     }
     if voters.contains(&id) {
@@ -263,15 +201,11 @@ pub async fn remove_node(
                 "node {id} is the last voter; add another voter first"
             )));
         }
-        node.raft
-            .change_membership(rest, false)
+        node.set_voters(rest, false)
             .await
             .map_err(membership_error)?;
     } else {
-        node.raft
-            .change_membership(ChangeMembers::RemoveNodes(BTreeSet::from([id])), false)
-            .await
-            .map_err(membership_error)?;
+        node.remove_learner(id).await.map_err(membership_error)?;
     }
     tracing::info!(id, "removed a node");
     status(&node).await
@@ -306,7 +240,10 @@ pub async fn transfer_leader(
     } else {
         parse_json(&body)?
     };
-    node.require_leader(&uri)?;
-    let leader_id = node.transfer_leadership(req.to).await?;
+    super::require_leader(&node, &uri)?;
+    let leader_id = node
+        .transfer_leadership(req.to)
+        .await
+        .map_err(|e| super::write_error(e, &uri))?;
     Ok(Json(TransferLeaderResponse { leader_id }))
 }

@@ -5,6 +5,7 @@
 //! description together; [`openapi`] assembles them into the document served at
 //! `GET /v1/openapi.json`.
 
+pub mod auth;
 pub mod cluster;
 pub mod error;
 pub mod limits;
@@ -15,7 +16,10 @@ pub mod reports;
 pub mod subscriptions;
 pub mod topics;
 
-use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use std::sync::Arc;
+
+use axum::extract::{DefaultBodyLimit, FromRef, MatchedPath, Request, State};
+use axum::http::Uri;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
@@ -23,13 +27,35 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use self::error::ApiError;
-pub use crate::auth::Access;
-use crate::node::AppState;
+use self::limits::Limits;
+use crate::node::{AppState, Node, WriteError};
+use crate::state::{Command, CommitPoint, Outcome};
+pub use auth::Access;
+
+/// What the API's handlers and middleware share: the replica, and the API's own load limits.
+/// A handler takes the part it needs (`State<AppState>` or `State<Arc<Limits>>`).
+#[derive(Clone)]
+pub struct ApiState {
+    pub node: AppState,
+    pub limits: Arc<Limits>,
+}
+
+impl FromRef<ApiState> for AppState {
+    fn from_ref(state: &ApiState) -> AppState {
+        state.node.clone()
+    }
+}
+
+impl FromRef<ApiState> for Arc<Limits> {
+    fn from_ref(state: &ApiState) -> Arc<Limits> {
+        state.limits.clone()
+    }
+}
 
 /// Every operation of the API, each registered together with its description (its
 /// `#[utoipa::path]`), so that what is routed and what [`openapi::document`] describes are one
 /// list: the `/v1` operations, and the probes outside `/v1`.
-pub(crate) fn operations() -> (OpenApiRouter<AppState>, OpenApiRouter<AppState>) {
+pub(crate) fn operations() -> (OpenApiRouter<ApiState>, OpenApiRouter<ApiState>) {
     let v1 = OpenApiRouter::default()
         .routes(routes!(topics::list))
         .routes(routes!(topics::create, topics::get, topics::delete))
@@ -61,14 +87,25 @@ pub(crate) fn operations() -> (OpenApiRouter<AppState>, OpenApiRouter<AppState>)
     (v1, probes)
 }
 
-pub fn router(state: AppState) -> Router {
-    let body_limit = state.settings.max_body_bytes;
+/// The public API's routes, on `node`.
+pub fn router(node: AppState) -> Router {
+    let body_limit = node.settings().max_body_bytes;
+    let state = ApiState {
+        limits: Arc::new(Limits::new(node.settings())),
+        node,
+    };
     let (v1, probes) = operations();
     let v1 = v1
-        .layer(middleware::from_fn_with_state(state.clone(), shutdown_gate))
-        .layer(middleware::from_fn_with_state(state.clone(), auth_gate))
         .layer(middleware::from_fn_with_state(
-            state.clone(),
+            state.node.clone(),
+            shutdown_gate,
+        ))
+        .layer(middleware::from_fn_with_state(
+            state.node.clone(),
+            auth_gate,
+        ))
+        .layer(middleware::from_fn_with_state(
+            state.limits.clone(),
             limits::load_gate,
         ))
         .layer(DefaultBodyLimit::max(body_limit));
@@ -80,13 +117,14 @@ pub fn router(state: AppState) -> Router {
 }
 
 /// Every `/v1` request is authenticated and checked against what its endpoint needs before
-/// anything else happens (see [`crate::auth`]); the handler gets the [`Access`] it acts as.
+/// anything else happens (see [`auth`]); the handler gets the [`Access`] it acts as.
 async fn auth_gate(State(node): State<AppState>, mut req: Request, next: Next) -> Response {
     // A cheap clone (the route pattern is shared), so the request can be borrowed below.
     let route = req.extensions().get::<MatchedPath>().cloned();
-    let access = crate::auth::authorize(
-        &node.settings.tokens,
-        &node.settings.cluster_secret,
+    let settings = node.settings();
+    let access = auth::authorize(
+        &settings.tokens,
+        &settings.cluster_secret,
         req.method(),
         route.as_ref().map(MatchedPath::as_str),
         req.uri().path(),
@@ -115,8 +153,7 @@ async fn auth_gate(State(node): State<AppState>, mut req: Request, next: Next) -
 /// leader's address) before anything else happens.
 async fn shutdown_gate(State(node): State<AppState>, req: Request, next: Next) -> Response {
     if node.is_shutting_down() {
-        return ApiError::shutting_down(node.leader().filter(|(id, _)| *id != node.id))
-            .into_response();
+        return ApiError::shutting_down(node.other_leader()).into_response();
     }
     next.run(req).await
 }
@@ -127,6 +164,44 @@ async fn not_found(uri: axum::http::Uri) -> ApiError {
 
 async fn method_not_allowed() -> ApiError {
     ApiError::invalid("method not allowed on this endpoint").with_status(405)
+}
+
+/// The replica's answer to a write, as the problem API.md gives it. `uri` is the request's,
+/// for the 307 to the leader.
+pub fn write_error(e: WriteError, uri: &Uri) -> ApiError {
+    match e {
+        WriteError::NotLeader { id, url } => ApiError::not_leader(id, &url, &path_and_query(uri)),
+        WriteError::NoLeader => ApiError::no_leader(),
+        WriteError::ShuttingDown { leader } => ApiError::shutting_down(leader),
+        WriteError::Overloaded(why) => ApiError::overloaded(why),
+        WriteError::Refused(refused) => refused.into(),
+        WriteError::Invalid(why) => ApiError::invalid(why),
+        WriteError::Conflict(why) => ApiError::invalid(why).with_status(409),
+        WriteError::Indeterminate(why) => ApiError::indeterminate(why),
+        WriteError::Internal(why) => ApiError::internal(why),
+        WriteError::Unavailable(why) => ApiError::internal(why).with_status(503),
+        WriteError::TimedOut(why) => ApiError::internal(why).with_status(504),
+    }
+}
+
+/// The path and query of `uri`, for a redirect to the same endpoint on another node.
+fn path_and_query(uri: &Uri) -> String {
+    uri.path_and_query()
+        .map_or_else(|| uri.path().to_string(), |pq| pq.as_str().to_string())
+}
+
+/// Proposes `cmd` on `node` and answers as the API does.
+pub async fn propose(
+    node: &Node,
+    uri: &Uri,
+    cmd: Command,
+) -> Result<(Outcome, CommitPoint), ApiError> {
+    node.propose(cmd).await.map_err(|e| write_error(e, uri))
+}
+
+/// Answers 307 to the leader or 503 `no_leader` unless this node leads with a quorum.
+pub fn require_leader(node: &Node, uri: &Uri) -> Result<(), ApiError> {
+    node.check_leader().map_err(|e| write_error(e, uri))
 }
 
 /// The `{topic}` path segment, with an undecodable segment answered as a problem.
@@ -190,4 +265,61 @@ pub fn check_name(kind: &str, name: &str) -> Result<(), ApiError> {
 /// Parses a JSON body into `T`, with a problem that says what is wrong.
 pub fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     serde_json::from_slice(body).map_err(|e| ApiError::invalid(format!("malformed JSON body: {e}")))
+}
+
+/// The SDK checks limits and names before it sends; the state machine enforces its own copies
+/// when it applies. Two copies that disagree would let the SDK send what apply refuses (or
+/// refuse what it would take), so this test keeps them equal.
+#[cfg(test)]
+mod sdk_agrees_with_state {
+    use raftq_client::api as sdk;
+
+    use crate::state;
+
+    #[test]
+    fn limits_and_header_names_are_the_same() {
+        assert_eq!(sdk::MAX_NAME_LEN, state::MAX_NAME_LEN);
+        assert_eq!(sdk::MAX_PULL, state::MAX_PULL);
+        assert_eq!(sdk::MAX_ACK_TIMEOUT_MS, state::MAX_ACK_TIMEOUT_MS);
+        assert_eq!(sdk::MAX_NACK_DELAY_MS, state::MAX_NACK_DELAY_MS);
+        assert_eq!(sdk::HEADER_COMMIT_INDEX, state::HEADER_COMMIT_INDEX);
+        assert_eq!(
+            sdk::HEADER_COMMIT_TIMESTAMP_MS,
+            state::HEADER_COMMIT_TIMESTAMP_MS
+        );
+    }
+
+    #[test]
+    fn name_rules_are_the_same() {
+        let long = "n".repeat(state::MAX_NAME_LEN);
+        let too_long = "n".repeat(state::MAX_NAME_LEN + 1);
+        let names = [
+            "",
+            "a",
+            "A.b_c-9",
+            "with space",
+            "slash/y",
+            "ünicode",
+            "dot.",
+            "-",
+            &long,
+            &too_long,
+        ];
+        for name in names {
+            assert_eq!(
+                sdk::is_valid_name(name),
+                state::is_valid_name(name),
+                "the SDK and the state machine disagree about {name:?}"
+            );
+        }
+        // Byte by byte: every single-byte name is judged the same.
+        for b in 0u8..=127 {
+            let name = (b as char).to_string();
+            assert_eq!(
+                sdk::is_valid_name(&name),
+                state::is_valid_name(&name),
+                "{name:?}"
+            );
+        }
+    }
 }

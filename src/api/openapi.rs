@@ -389,7 +389,7 @@ mod tests {
             if OPEN.contains(&name.as_str()) {
                 assert!(security.is_null(), "{name} must need no token");
                 assert!(
-                    crate::auth::is_public_route(name.split(' ').nth(1).unwrap())
+                    crate::api::auth::is_public_route(name.split(' ').nth(1).unwrap())
                         || !name.contains(" /v1/"),
                     "{name} is described as open but auth does not treat it so"
                 );

@@ -1,5 +1,6 @@
 //! `POST /v1/topics/{topic}/records` (publish) and `GET /v1/topics/{topic}/records` (read).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
@@ -15,6 +16,7 @@ use raftq_client::api::{
 };
 
 use super::error::ApiError;
+use super::limits::Limits;
 use super::openapi::responses::*;
 use super::{check_name, parse_json, TopicName};
 use crate::node::AppState;
@@ -209,15 +211,14 @@ pub async fn publish(
         )));
     };
     // Refuse oversize records before proposing (apply checks again, deterministically).
-    let limit = node
-        .sm
-        .view()
-        .state
-        .topics
-        .get(&topic)
-        .map_or(DEFAULT_MAX_RECORD_BYTES, |m| {
-            m.settings.effective_max_record_bytes()
-        });
+    let limit = node.read(|view| {
+        view.state
+            .topics
+            .get(&topic)
+            .map_or(DEFAULT_MAX_RECORD_BYTES, |m| {
+                m.settings.effective_max_record_bytes()
+            })
+    });
     if let Some((i, r)) = records
         .iter()
         .enumerate()
@@ -228,16 +229,16 @@ pub async fn publish(
             record_size(r)
         )));
     }
-    let (outcome, cp) = node
-        .propose(
-            &uri,
-            Command::Publish(Publish {
-                topic,
-                records,
-                producer,
-            }),
-        )
-        .await?;
+    let (outcome, cp) = super::propose(
+        &node,
+        &uri,
+        Command::Publish(Publish {
+            topic,
+            records,
+            producer,
+        }),
+    )
+    .await?;
     match outcome {
         Outcome::Published {
             first_offset,
@@ -249,7 +250,7 @@ pub async fn publish(
             duplicate,
             commit_point: CommitPoint {
                 index: cp.index,
-                timestamp_ms: cp.time_ms,
+                timestamp_ms: cp.timestamp_ms,
             },
         })),
         other => Err(ApiError::internal(format!("unexpected outcome {other:?}"))),
@@ -372,8 +373,10 @@ fn to_api(offset: u64, r: StoredRecord) -> Record {
 /// above the cursor, the cursor first moves forward to it (a write, through Raft).
 /// Whether this node's applied state has the topic (and the subscription, when named).
 fn exists(node: &AppState, topic: &str, sub: Option<&str>) -> bool {
-    let view = node.sm.view();
-    view.state.topics.contains_key(topic) && sub.is_none_or(|s| view.state.sub(topic, s).is_some())
+    node.read(|view| {
+        view.state.topics.contains_key(topic)
+            && sub.is_none_or(|s| view.state.sub(topic, s).is_some())
+    })
 }
 
 /// Most a read waits for its node to apply what its log already holds before it answers that
@@ -386,14 +389,8 @@ const CATCH_UP_WAIT: Duration = Duration::from_secs(3);
 /// Before such a node says "does not exist", it waits, at most [`CATCH_UP_WAIT`], until it has
 /// applied its whole log as of now.
 async fn catch_up(node: &AppState) {
-    use openraft::async_runtime::watch::WatchReceiver as _;
-    let target = node
-        .raft
-        .metrics()
-        .borrow_watched()
-        .last_log_index
-        .unwrap_or(0);
-    let mut applied = node.sm.subscribe_applied();
+    let target = node.status().last_log_index.unwrap_or(0);
+    let mut applied = node.applied_changes();
     let _ = tokio::time::timeout(CATCH_UP_WAIT, applied.wait_for(|a| *a >= target)).await;
 }
 
@@ -404,8 +401,7 @@ async fn subscription_start(
     sub: &str,
     from: Option<ReadFrom>,
 ) -> Result<u64, ApiError> {
-    let (cursor, target) = {
-        let view = node.sm.view();
+    let (cursor, target) = node.read(|view| {
         let meta = view
             .state
             .topics
@@ -425,8 +421,8 @@ async fn subscription_start(
             Some(ReadFrom::Last) => hw.saturating_sub(1).max(meta.first_offset),
             Some(ReadFrom::Next) => hw,
         };
-        (state.cursor, target)
-    };
+        Ok::<_, ApiError>((state.cursor, target))
+    })?;
     if target > cursor {
         let cmd = Command::SetCursor(SetCursor {
             sub: SubRef {
@@ -437,7 +433,7 @@ async fn subscription_start(
             allow_backward: false,
             forward_only: true,
         });
-        node.propose(uri, cmd).await?;
+        super::propose(node, uri, cmd).await?;
     }
     Ok(target)
 }
@@ -466,6 +462,7 @@ async fn subscription_start(
 )]
 pub async fn read(
     State(node): State<AppState>,
+    State(limits): State<Arc<Limits>>,
     TopicName(topic): TopicName,
     RawQuery(raw): RawQuery,
     uri: Uri,
@@ -475,7 +472,7 @@ pub async fn read(
         catch_up(&node).await;
     }
     let deadline = tokio::time::Instant::now() + p.wait;
-    let mut applied = node.sm.subscribe_applied();
+    let mut applied = node.applied_changes();
     let mut shutdown = node.shutdown_rx();
     // `next` means "after the call": pin it to the high watermark seen first.
     let mut start: Option<u64> = match (&p.subscription, p.from) {
@@ -486,8 +483,7 @@ pub async fn read(
     let mut waiting = None;
     loop {
         applied.borrow_and_update();
-        let (meta, hw, from, skipped) = {
-            let view = node.sm.view();
+        let (meta, hw, from, skipped) = node.read(|view| {
             let meta = view
                 .state
                 .topics
@@ -503,11 +499,10 @@ pub async fn read(
             });
             let skipped = meta.first_offset.saturating_sub(from);
             let from = from.max(meta.first_offset);
-            (meta, hw, from, skipped)
-        };
+            Ok::<_, ApiError>((meta, hw, from, skipped))
+        })?;
         if from < hw {
             let rows = node
-                .sm
                 .read_records(&meta, from, hw, p.max, p.max_bytes)
                 .map_err(|e| ApiError::internal(format!("reading records: {e}")))?;
             let next_offset = rows.last().map_or(from, |(o, _)| o + 1);
@@ -529,7 +524,7 @@ pub async fn read(
             return Ok(Json(empty));
         }
         if waiting.is_none() {
-            waiting = Some(node.limits.long_poll()?);
+            waiting = Some(limits.long_poll()?);
         }
         tokio::select! {
             _ = tokio::time::sleep_until(deadline) => return Ok(Json(empty)),

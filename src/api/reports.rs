@@ -17,14 +17,14 @@ use raftq_client::api::{
 use super::error::ApiError;
 use super::openapi::responses::*;
 use super::{check_name, parse_json, Access, TopicName};
-use crate::auth::Action;
 use crate::node::AppState;
 use crate::state::{self, Broadcast, Command, Outcome, SmState, SubState, TopicMeta};
+use crate::tokens::Action;
 
 fn commit_point(cp: state::CommitPoint) -> CommitPoint {
     CommitPoint {
         index: cp.index,
-        timestamp_ms: cp.time_ms,
+        timestamp_ms: cp.timestamp_ms,
     }
 }
 
@@ -45,7 +45,7 @@ pub fn subscription_report(sub: &SubState, high_watermark: u64) -> SubscriptionR
         discarded: Discarded {
             retention: c.discarded_retention,
             max_deliveries: c.discarded_max_deliveries,
-            rejected: c.discarded_nack,
+            rejected: c.discarded_rejected,
         },
     }
 }
@@ -95,18 +95,19 @@ pub async fn topic(
     State(node): State<AppState>,
     TopicName(topic): TopicName,
 ) -> Result<Json<TopicReport>, ApiError> {
-    let view = node.sm.view();
-    let meta = view
-        .state
-        .topics
-        .get(&topic)
-        .ok_or_else(|| ApiError::topic_not_found(&topic))?;
-    Ok(Json(topic_report(
-        &view.state,
-        &topic,
-        meta,
-        view.commit_point,
-    )))
+    node.read(|view| {
+        let meta = view
+            .state
+            .topics
+            .get(&topic)
+            .ok_or_else(|| ApiError::topic_not_found(&topic))?;
+        Ok(Json(topic_report(
+            &view.state,
+            &topic,
+            meta,
+            view.commit_point,
+        )))
+    })
 }
 
 /// Report on every topic
@@ -127,22 +128,23 @@ pub async fn all(
     State(node): State<AppState>,
     Extension(access): Extension<Access>,
 ) -> Json<Report> {
-    let view = node.sm.view();
-    Json(Report {
-        commit_point: commit_point(view.commit_point),
-        topics: view
-            .state
-            .topics
-            .iter()
-            .filter(|(name, _)| access.sees(name))
-            .map(|(name, meta)| {
-                (
-                    name.clone(),
-                    topic_report(&view.state, name, meta, view.commit_point),
-                )
-            })
-            .collect(),
-    })
+    Json(node.read(|view| {
+        Report {
+            commit_point: commit_point(view.commit_point),
+            topics: view
+                .state
+                .topics
+                .iter()
+                .filter(|(name, _)| access.sees(name))
+                .map(|(name, meta)| {
+                    (
+                        name.clone(),
+                        topic_report(&view.state, name, meta, view.commit_point),
+                    )
+                })
+                .collect(),
+        }
+    }))
 }
 
 /// Broadcast a commit-point marker
@@ -205,15 +207,15 @@ pub async fn broadcast(
             headers: req.headers,
         },
     )?;
-    let (outcome, cp) = node
-        .propose(
-            &uri,
-            Command::Broadcast(Broadcast {
-                topics: req.topics,
-                record,
-            }),
-        )
-        .await?;
+    let (outcome, cp) = super::propose(
+        &node,
+        &uri,
+        Command::Broadcast(Broadcast {
+            topics: req.topics,
+            record,
+        }),
+    )
+    .await?;
     match outcome {
         Outcome::Broadcast { offsets } => Ok(Json(BroadcastResponse {
             commit_point: commit_point(cp),

@@ -1,6 +1,7 @@
 //! Subscriptions: `PUT/GET/DELETE .../subscriptions/{sub}`, the list, `pull`, `ack`, `nack`,
 //! `extend` and `cursor` (docs/subscriptions.md has the semantics).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
@@ -18,6 +19,7 @@ use raftq_client::api::{
 };
 
 use super::error::ApiError;
+use super::limits::Limits;
 use super::openapi::responses::*;
 use super::records::api_value;
 use super::{check_name, parse_json, Access, TopicName};
@@ -122,15 +124,16 @@ pub fn info(state: &SmState, sub: &SubState) -> SubscriptionInfo {
 }
 
 fn local_info(node: &AppState, sub: &SubRef) -> Result<SubscriptionInfo, ApiError> {
-    let view = node.sm.view();
-    if !view.state.topics.contains_key(&sub.topic) {
-        return Err(ApiError::topic_not_found(&sub.topic));
-    }
-    let state = view
-        .state
-        .sub(&sub.topic, &sub.name)
-        .ok_or_else(|| not_found(sub))?;
-    Ok(info(&view.state, state))
+    node.read(|view| {
+        if !view.state.topics.contains_key(&sub.topic) {
+            return Err(ApiError::topic_not_found(&sub.topic));
+        }
+        let state = view
+            .state
+            .sub(&sub.topic, &sub.name)
+            .ok_or_else(|| not_found(sub))?;
+        Ok(info(&view.state, state))
+    })
 }
 
 fn check_timeout(field: &str, ms: u64) -> Result<(), ApiError> {
@@ -185,14 +188,14 @@ pub async fn create(
     // A dead letter appends to the dead-letter topic: whoever names one must be allowed to
     // publish there, or `consume` on one topic would be `publish` on any other.
     if let Some(dlq) = &settings.dead_letter_topic {
-        access.require(crate::auth::Action::Publish, dlq)?;
+        access.require(crate::tokens::Action::Publish, dlq)?;
     }
     let cmd = Command::CreateSubscription(CreateSub {
         topic: sub.topic.clone(),
         name: sub.name.clone(),
         settings,
     });
-    let (outcome, _) = node.propose(&uri, cmd).await?;
+    let (outcome, _) = super::propose(&node, &uri, cmd).await?;
     let status = if outcome == Outcome::SubscriptionCreated {
         StatusCode::CREATED
     } else {
@@ -238,16 +241,17 @@ pub async fn list(
     State(node): State<AppState>,
     TopicName(topic): TopicName,
 ) -> Result<Json<SubscriptionList>, ApiError> {
-    let view = node.sm.view();
-    if !view.state.topics.contains_key(&topic) {
-        return Err(ApiError::topic_not_found(&topic));
-    }
-    let subscriptions = view
-        .state
-        .subs_of(&topic)
-        .map(|s| info(&view.state, s))
-        .collect();
-    Ok(Json(SubscriptionList { subscriptions }))
+    node.read(|view| {
+        if !view.state.topics.contains_key(&topic) {
+            return Err(ApiError::topic_not_found(&topic));
+        }
+        let subscriptions = view
+            .state
+            .subs_of(&topic)
+            .map(|s| info(&view.state, s))
+            .collect();
+        Ok(Json(SubscriptionList { subscriptions }))
+    })
 }
 
 /// Delete a subscription
@@ -269,7 +273,7 @@ pub async fn delete(
     SubPath(sub): SubPath,
     uri: Uri,
 ) -> Result<StatusCode, ApiError> {
-    node.propose(&uri, Command::DeleteSubscription(sub)).await?;
+    super::propose(&node, &uri, Command::DeleteSubscription(sub)).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -295,6 +299,7 @@ pub async fn delete(
 )]
 pub async fn pull(
     State(node): State<AppState>,
+    State(limits): State<Arc<Limits>>,
     SubPath(sub): SubPath,
     uri: Uri,
     body: Result<Bytes, BytesRejection>,
@@ -325,7 +330,7 @@ pub async fn pull(
         )));
     }
     let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
-    let mut applied = node.sm.subscribe_applied();
+    let mut applied = node.applied_changes();
     let mut shutdown = node.shutdown_rx();
     let cmd = Command::Pull(Pull {
         sub: sub.clone(),
@@ -337,21 +342,20 @@ pub async fn pull(
         applied.borrow_and_update();
         // Propose only when something can be leased (or to let Raft answer: a follower
         // redirects, a missing subscription is refused), so a waiting pull writes nothing.
-        let worth_proposing = {
-            let view = node.sm.view();
+        let worth_proposing = node.read(|view| {
             let hw = view
                 .state
                 .topics
                 .get(&sub.topic)
                 .map_or(0, |t| t.next_offset);
             match view.state.sub(&sub.topic, &sub.name) {
-                Some(s) => s.has_available(hw, node.clock.now_ms()),
+                Some(s) => s.has_available(hw, node.now_ms()),
                 None => true,
             }
-        } || !node.is_leader();
+        }) || !node.is_leader();
         let out_of_time = tokio::time::Instant::now() >= deadline;
         if worth_proposing || out_of_time {
-            let deliveries = match node.propose(&uri, cmd.clone()).await?.0 {
+            let deliveries = match super::propose(&node, &uri, cmd.clone()).await?.0 {
                 Outcome::Pulled(d) => d,
                 other => return Err(ApiError::internal(format!("unexpected outcome {other:?}"))),
             };
@@ -365,7 +369,7 @@ pub async fn pull(
             return Ok(Json(PullResponse { messages: vec![] }));
         }
         if waiting.is_none() {
-            waiting = Some(node.limits.long_poll()?);
+            waiting = Some(limits.long_poll()?);
         }
         tokio::select! {
             _ = tokio::time::sleep_until(deadline) => {}
@@ -384,7 +388,7 @@ fn messages(
     sub: &SubRef,
     deliveries: Vec<Delivery>,
 ) -> Result<Vec<Message>, ApiError> {
-    let Some(meta) = node.sm.view().state.topics.get(&sub.topic).cloned() else {
+    let Some(meta) = node.read(|view| view.state.topics.get(&sub.topic).cloned()) else {
         return Ok(vec![]);
     };
     let mut out = Vec::with_capacity(deliveries.len());
@@ -398,7 +402,6 @@ fn messages(
         rest = tail;
         let from = first.receipt.offset;
         let rows = node
-            .sm
             .read_records(
                 &meta,
                 from,
@@ -463,7 +466,7 @@ async fn settle(
         action,
         receipts,
     });
-    let outcomes = match node.propose(uri, cmd).await?.0 {
+    let outcomes = match super::propose(node, uri, cmd).await?.0 {
         Outcome::Receipts(r) => r,
         other => return Err(ApiError::internal(format!("unexpected outcome {other:?}"))),
     };
@@ -618,7 +621,7 @@ pub async fn cursor(
         allow_backward: req.allow_backward,
         forward_only: false,
     });
-    match node.propose(&uri, cmd).await?.0 {
+    match super::propose(&node, &uri, cmd).await?.0 {
         Outcome::CursorSet(cursor) => Ok(Json(CursorResponse { cursor })),
         other => Err(ApiError::internal(format!("unexpected outcome {other:?}"))),
     }

@@ -48,19 +48,20 @@ pub fn summary(state: &SmState, name: &str, meta: &TopicMeta) -> TopicSummary {
 }
 
 fn info(node: &AppState, name: &str) -> Result<TopicInfo, ApiError> {
-    let view = node.sm.view();
-    let meta = view
-        .state
-        .topics
-        .get(name)
-        .ok_or_else(|| ApiError::topic_not_found(name))?;
-    Ok(TopicInfo {
-        summary: summary(&view.state, name, meta),
-        config: config_to_api(&meta.settings),
-        commit_point: CommitPoint {
-            index: view.commit_point.index,
-            timestamp_ms: view.commit_point.time_ms,
-        },
+    node.read(|view| {
+        let meta = view
+            .state
+            .topics
+            .get(name)
+            .ok_or_else(|| ApiError::topic_not_found(name))?;
+        Ok(TopicInfo {
+            summary: summary(&view.state, name, meta),
+            config: config_to_api(&meta.settings),
+            commit_point: CommitPoint {
+                index: view.commit_point.index,
+                timestamp_ms: view.commit_point.timestamp_ms,
+            },
+        })
     })
 }
 
@@ -97,15 +98,15 @@ pub async fn create(
     };
     let settings = settings_from_api(&config);
     crate::state::validate_settings(&settings)?;
-    let (outcome, _) = node
-        .propose(
-            &uri,
-            Command::CreateTopic(CreateTopic {
-                name: topic.clone(),
-                settings,
-            }),
-        )
-        .await?;
+    let (outcome, _) = super::propose(
+        &node,
+        &uri,
+        Command::CreateTopic(CreateTopic {
+            name: topic.clone(),
+            settings,
+        }),
+    )
+    .await?;
     let status = if outcome == Outcome::TopicCreated {
         StatusCode::CREATED
     } else {
@@ -133,16 +134,17 @@ pub async fn list(
     State(node): State<AppState>,
     Extension(access): Extension<Access>,
 ) -> Json<TopicList> {
-    let view = node.sm.view();
-    Json(TopicList {
-        topics: view
-            .state
-            .topics
-            .iter()
-            .filter(|(n, _)| access.sees(n))
-            .map(|(n, m)| summary(&view.state, n, m))
-            .collect(),
-    })
+    Json(node.read(|view| {
+        TopicList {
+            topics: view
+                .state
+                .topics
+                .iter()
+                .filter(|(n, _)| access.sees(n))
+                .map(|(n, m)| summary(&view.state, n, m))
+                .collect(),
+        }
+    }))
 }
 
 /// Describe a topic
@@ -184,7 +186,11 @@ pub async fn delete(
     TopicName(topic): TopicName,
     uri: Uri,
 ) -> Result<StatusCode, ApiError> {
-    node.propose(&uri, Command::DeleteTopic(DeleteTopic { name: topic }))
-        .await?;
+    super::propose(
+        &node,
+        &uri,
+        Command::DeleteTopic(DeleteTopic { name: topic }),
+    )
+    .await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -1,13 +1,12 @@
-//! Consensus wiring: the openraft type configuration, the node-to-node network (client side
-//! in [`network`], server side in [`rpc`]) and the Raft settings raftq runs with.
+//! Consensus wiring: the openraft type configuration, the client side of the node-to-node
+//! network ([`network`]; the server side is [`crate::peer`]) and the Raft settings raftq runs
+//! with. The Raft handle itself, which needs the storage, is [`crate::store::Raft`].
 
 pub mod network;
-pub mod rpc;
 
 use std::io;
 
 use crate::state::{ApplyResponse, LogPayload};
-use crate::store::StateMachineStore;
 
 openraft::declare_raft_types!(
     /// raftq's Raft types: the log entry payload is a versioned batch of commands and a node is
@@ -21,7 +20,6 @@ openraft::declare_raft_types!(
 );
 
 pub type NodeId = u64;
-pub type Raft = openraft::Raft<TypeConfig, StateMachineStore>;
 pub type LogId = openraft::alias::LogIdOf<TypeConfig>;
 pub type Entry = openraft::alias::EntryOf<TypeConfig>;
 pub type Vote = openraft::alias::VoteOf<TypeConfig>;
@@ -31,6 +29,52 @@ pub type SnapshotMeta = openraft::alias::SnapshotMetaOf<TypeConfig>;
 pub type SnapshotData = tokio::fs::File;
 pub type Snapshot = openraft::alias::SnapshotOf<TypeConfig, SnapshotData>;
 pub type StorageResult<T> = Result<T, io::Error>;
+
+/// Raft timing. The leader lease openraft grants is `ELECTION_TIMEOUT_MAX_MS`.
+pub const HEARTBEAT_MS: u64 = 100;
+pub const ELECTION_TIMEOUT_MIN_MS: u64 = 600;
+pub const ELECTION_TIMEOUT_MAX_MS: u64 = 1200;
+/// A leader that has not heard from a quorum for this long answers `no_leader`.
+pub const QUORUM_STALE_MS: u64 = ELECTION_TIMEOUT_MAX_MS;
+
+/// The Raft settings of a node of cluster `cluster_id` that snapshots every `snapshot_logs`
+/// entries and keeps `snapshot_keep_logs` entries behind its snapshot.
+pub fn config(
+    cluster_id: &str,
+    snapshot_logs: u64,
+    snapshot_keep_logs: u64,
+) -> anyhow::Result<openraft::Config> {
+    let config = openraft::Config {
+        cluster_name: cluster_id.to_string(),
+        heartbeat_interval: HEARTBEAT_MS,
+        election_timeout_min: ELECTION_TIMEOUT_MIN_MS,
+        election_timeout_max: ELECTION_TIMEOUT_MAX_MS,
+        // Entries are batches of many commands; bound how many go in one RPC.
+        max_payload_entries: 32,
+        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(snapshot_logs),
+        max_in_snapshot_log_to_keep: snapshot_keep_logs,
+        // Safety-relevant choices, set here rather than left to openraft's defaults:
+        //
+        // A restarted leader never resumes its term without an election. openraft 0.10
+        // restores leadership by default; but the leader replicates an entry before its own
+        // fsync, so after a power loss it may come back without entries its followers
+        // committed, and, still leading the same term, write new entries under the log ids of
+        // those committed ones. Followers compare log ids only, so the replicas would diverge.
+        // An election instead makes it learn the committed log from a majority first.
+        enable_leader_restore: Some(false),
+        // A follower whose log went backwards (lost entries it acknowledged) is a fault to
+        // stop on, never progress to reset quietly.
+        allow_log_reversion: Some(false),
+        // No pre-vote round: with it, a follower left alone (the others down) never starts an
+        // election and keeps naming its dead leader, so writes sent to it are redirected to a
+        // node that is gone instead of answered 503 `no_leader`. A node cut off and back does
+        // not depose a healthy leader anyway: the followers' leader lease (the election
+        // timeout) refuses its vote requests.
+        enable_pre_vote: Some(false),
+        ..Default::default()
+    };
+    Ok(config.validate()?)
+}
 
 /// Wraps any displayable storage failure as an `io::Error`, the error type of openraft's
 /// storage traits.
@@ -106,7 +150,7 @@ mod tests {
             &entry(
                 44,
                 EntryPayload::Normal(LogPayload::V1(Batch {
-                    time_ms: 1234,
+                    timestamp_ms: 1234,
                     commands: vec![],
                 })),
             ),

@@ -27,7 +27,6 @@ use rocksdb::WriteBatch;
 use super::snapshot::{self, FileMeta};
 use super::{keys, DataDir, SmShared, CF_RAFT, CF_SM};
 use crate::codec;
-use crate::config::Settings;
 use crate::raft::{LogId, StoredMembership, Vote};
 
 /// The newest complete snapshot file under a data directory, without touching anything
@@ -123,9 +122,22 @@ pub struct Restored {
     pub snapshot: PathBuf,
 }
 
+/// The node a restore makes: what of its settings the restore needs.
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// Its data directory: absent or empty.
+    pub data: std::path::PathBuf,
+    pub cluster_id: String,
+    pub id: u64,
+    /// Every node of the new cluster, with its base URL: the voters.
+    pub peers: std::collections::BTreeMap<u64, String>,
+    /// RocksDB's memtable size, as the node will run with.
+    pub write_buffer_bytes: u64,
+}
+
 /// Makes `settings.data`, which must be absent or empty, the data directory of node
 /// `settings.id` of a new cluster restored from the backup `from` (see the module's doc).
-pub fn restore(from: &Path, settings: &Settings) -> anyhow::Result<Restored> {
+pub fn restore(from: &Path, settings: &Target) -> anyhow::Result<Restored> {
     let meta = snapshot::verify(from)
         .with_context(|| format!("{} is not a whole raftq snapshot", from.display()))?;
     let Some(last) = meta.last_log_id else {
@@ -164,7 +176,7 @@ pub fn restore(from: &Path, settings: &Settings) -> anyhow::Result<Restored> {
     result
 }
 
-fn restore_into(from: &Path, settings: &Settings, last: LogId) -> anyhow::Result<Restored> {
+fn restore_into(from: &Path, settings: &Target, last: LogId) -> anyhow::Result<Restored> {
     let datadir = DataDir::open(&settings.data, &settings.cluster_id, settings.id)?;
     let db = super::open_db_with(&datadir.db_path(), settings.write_buffer_bytes)
         .with_context(|| format!("open the database in {}", settings.data.display()))?;

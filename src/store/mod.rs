@@ -31,7 +31,10 @@ use rocksdb::{ColumnFamilyDescriptor, Options, WriteOptions, DB};
 
 pub use datadir::DataDir;
 pub use log::LogStore;
-pub use sm::{SmShared, StateMachineStore};
+pub use sm::{SmShared, SmView, StateMachineStore};
+
+/// The Raft instance of a node: openraft over this log store and state machine.
+pub type Raft = openraft::Raft<crate::raft::TypeConfig, StateMachineStore>;
 
 pub const CF_LOG: &str = "log";
 pub const CF_RAFT: &str = "raft";

@@ -266,7 +266,7 @@ impl SmShared {
                 EntryPayload::Blank => ApplyResponse {
                     commit_point: CommitPoint {
                         index,
-                        time_ms: view.state.clock_ms,
+                        timestamp_ms: view.state.clock_ms,
                     },
                     results: vec![],
                 },
@@ -304,7 +304,7 @@ impl SmShared {
                     ApplyResponse {
                         commit_point: CommitPoint {
                             index,
-                            time_ms: view.state.clock_ms,
+                            timestamp_ms: view.state.clock_ms,
                         },
                         results: vec![],
                     }
@@ -651,7 +651,7 @@ fn load_view(db: &DB) -> anyhow::Result<SmView> {
     }
     view.commit_point = CommitPoint {
         index: view.last_applied.map_or(0, |l| l.index),
-        time_ms: view.state.clock_ms,
+        timestamp_ms: view.state.clock_ms,
     };
     Ok(view)
 }
@@ -800,7 +800,7 @@ mod tests {
         Entry {
             log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
             payload: EntryPayload::Normal(LogPayload::V1(Batch {
-                time_ms: 1_000 + index,
+                timestamp_ms: 1_000 + index,
                 commands,
             })),
         }

@@ -71,7 +71,7 @@ pub fn tokens_toml(entries: &[(&str, &str, &str)]) -> String {
                 .collect();
             format!(
                 "[[token]]\nname = \"{name}\"\nsha256 = \"{}\"\ngrants = [{}]\n",
-                raftq::auth::token_hash_hex(token),
+                raftq::tokens::token_hash_hex(token),
                 grants.join(", ")
             )
         })

@@ -64,9 +64,9 @@ pub struct Broadcast {
 }
 
 /// Header of a broadcast marker: the index of the entry that appended it.
-pub const HEADER_COMMIT_INDEX: &str = raftq_client::api::HEADER_COMMIT_INDEX;
+pub const HEADER_COMMIT_INDEX: &str = "raftq-commit-index";
 /// Header of a broadcast marker: the leader time of that entry.
-pub const HEADER_COMMIT_TIMESTAMP_MS: &str = raftq_client::api::HEADER_COMMIT_TIMESTAMP_MS;
+pub const HEADER_COMMIT_TIMESTAMP_MS: &str = "raftq-commit-timestamp-ms";
 
 /// Appends `record` to the topic `meta` and counts it published.
 pub(super) fn append(

@@ -45,7 +45,7 @@ impl Harness {
         self.index += 1;
         let mut writes = Vec::new();
         let batch = Batch {
-            time_ms: self.clock,
+            timestamp_ms: self.clock,
             commands: vec![cmd],
         };
         let resp = apply_entry(
@@ -697,7 +697,7 @@ fn dead_letter_without_a_topic_is_counted_discarded() {
     assert_eq!(
         (
             c.dead_lettered,
-            c.discarded_nack,
+            c.discarded_rejected,
             c.discarded_max_deliveries
         ),
         (0, 1, 1)
@@ -815,7 +815,7 @@ fn apply_unreadable(
     missing: bool,
 ) -> Result<(), ReadFault> {
     let batch = Batch {
-        time_ms: h.clock + after_ms,
+        timestamp_ms: h.clock + after_ms,
         commands: vec![cmd],
     };
     let source = Unreadable {

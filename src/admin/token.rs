@@ -1,6 +1,6 @@
 //! `raftq token`: make API tokens and the tokens-file entries that grant them.
 //!
-//! The server holds only each token's SHA-256 (see [`crate::auth`]); these commands run on
+//! The server holds only each token's SHA-256 (see [`crate::tokens`]); these commands run on
 //! the operator's machine and talk to no node.
 
 use std::io::{self, BufRead};
@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
 
-use crate::auth::{new_token, token_hash_hex, Grant};
+use crate::tokens::{new_token, token_hash_hex, Grant};
 
 #[derive(Debug, Args)]
 pub struct TokenArgs {

@@ -118,7 +118,7 @@ pub(super) fn create(
     cmd: &CreateTopic,
     writes: &mut Vec<Write>,
 ) -> CommandResult {
-    if !raftq_client::api::is_valid_name(&cmd.name) {
+    if !crate::limits::is_valid_name(&cmd.name) {
         return Err(ApplyError::InvalidArgument(format!(
             "invalid topic name {:?}",
             cmd.name

@@ -6,8 +6,11 @@ use super::*;
 
 use super::NothingStored as NoRecords;
 
-fn batch(time_ms: u64, commands: Vec<Command>) -> Batch {
-    Batch { time_ms, commands }
+fn batch(timestamp_ms: u64, commands: Vec<Command>) -> Batch {
+    Batch {
+        timestamp_ms,
+        commands,
+    }
 }
 
 fn create(name: &str) -> Command {
@@ -33,13 +36,13 @@ fn publish(topic: &str, values: &[&str]) -> Command {
 }
 
 /// Applies one command in its own entry and returns its result and the writes.
-fn run(state: &mut SmState, time_ms: u64, cmd: Command) -> (CommandResult, Vec<Write>) {
+fn run(state: &mut SmState, timestamp_ms: u64, cmd: Command) -> (CommandResult, Vec<Write>) {
     let mut writes = Vec::new();
     let resp = apply_entry(
         state,
         &NoRecords,
         1,
-        &batch(time_ms, vec![cmd]),
+        &batch(timestamp_ms, vec![cmd]),
         &mut writes,
     )
     .expect("no record read fails");
@@ -284,14 +287,14 @@ fn clock_never_goes_back_and_commit_point_carries_it() {
         r1.commit_point,
         CommitPoint {
             index: 5,
-            time_ms: 1000
+            timestamp_ms: 1000
         }
     );
     assert_eq!(
         r2.commit_point,
         CommitPoint {
             index: 6,
-            time_ms: 1000
+            timestamp_ms: 1000
         }
     );
     assert_eq!(r2.results, vec![Ok(Outcome::Ticked)]);
@@ -361,8 +364,8 @@ proptest! {
             let r1 = apply_entry(&mut s1, &NoRecords, i as u64, e, &mut w1).expect("no record read fails");
             let r2 = apply_entry(&mut s2, &NoRecords, i as u64, e, &mut w2).expect("no record read fails");
             prop_assert_eq!(&r1, &r2);
-            prop_assert!(r1.commit_point.time_ms >= last_clock);
-            last_clock = r1.commit_point.time_ms;
+            prop_assert!(r1.commit_point.timestamp_ms >= last_clock);
+            last_clock = r1.commit_point.timestamp_ms;
         }
         prop_assert_eq!(&s1, &s2);
         prop_assert_eq!(w1, w2);

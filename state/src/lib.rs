@@ -6,11 +6,12 @@
 //! batch. Every replica that applies the same entries to the same state reaches the same state.
 //!
 //! Time is the leader's wall clock stamped into each entry, clamped so it never goes back:
-//! `clock = max(clock, entry.time_ms)`.
+//! `clock = max(clock, entry.timestamp_ms)`.
 //!
 //! The types of this module that are serialized ([`LogPayload`], [`Command`], [`StoredRecord`],
 //! [`TopicMeta`]) are on disk forever: they are versioned and only ever extended.
 
+pub mod limits;
 pub mod producers;
 mod publish;
 pub mod ranges;
@@ -35,10 +36,10 @@ pub use topics::{
     validate_settings, CreateTopic, DeleteTopic, TopicCounters, TopicMeta, TopicSettings,
 };
 
-/// Default upper bound on one record (value + key + headers) when a topic sets none.
-pub const DEFAULT_MAX_RECORD_BYTES: u64 = 1 << 20;
-/// The largest `max_record_bytes` a topic may configure.
-pub const MAX_RECORD_BYTES_LIMIT: u64 = 16 << 20;
+pub use limits::{
+    is_valid_name, DEFAULT_MAX_RECORD_BYTES, MAX_ACK_TIMEOUT_MS, MAX_NACK_DELAY_MS, MAX_NAME_LEN,
+    MAX_PULL, MAX_RECORD_BYTES_LIMIT,
+};
 
 /// The payload of one Raft log entry. The enum tag is the format version.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -54,7 +55,7 @@ impl std::fmt::Display for LogPayload {
                 f,
                 "v1 batch of {} commands at {} ms",
                 b.commands.len(),
-                b.time_ms
+                b.timestamp_ms
             ),
         }
     }
@@ -64,7 +65,7 @@ impl std::fmt::Display for LogPayload {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Batch {
     /// The proposing leader's wall clock, in ms since the Unix epoch.
-    pub time_ms: u64,
+    pub timestamp_ms: u64,
     pub commands: Vec<Command>,
 }
 
@@ -156,7 +157,7 @@ pub type CommandResult = Result<Outcome, ApplyError>;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CommitPoint {
     pub index: u64,
-    pub time_ms: u64,
+    pub timestamp_ms: u64,
 }
 
 /// What applying one entry answers: one result per command, in order.
@@ -346,8 +347,8 @@ pub fn apply_entry(
     batch: &Batch,
     writes: &mut Vec<Write>,
 ) -> Result<ApplyResponse, ReadFault> {
-    state.clock_ms = state.clock_ms.max(batch.time_ms);
-    subscriptions::settle(state, source, writes)?;
+    state.clock_ms = state.clock_ms.max(batch.timestamp_ms);
+    subscriptions::expire_due(state, source, writes)?;
     state.expire_producers(writes);
     let results = batch
         .commands
@@ -358,7 +359,7 @@ pub fn apply_entry(
     Ok(ApplyResponse {
         commit_point: CommitPoint {
             index,
-            time_ms: state.clock_ms,
+            timestamp_ms: state.clock_ms,
         },
         results,
     })

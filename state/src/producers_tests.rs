@@ -155,7 +155,7 @@ fn batches_of_one_producer_in_one_entry_apply_in_order() {
         &h.records,
         2,
         &Batch {
-            time_ms: 5_000,
+            timestamp_ms: 5_000,
             commands: vec![
                 idempotent("t", "p", 1, 1),
                 idempotent("t", "p", 0, 1),
@@ -198,7 +198,7 @@ fn idle_producers_are_forgotten_by_log_time() {
         &h.records,
         99,
         &Batch {
-            time_ms: h.clock,
+            timestamp_ms: h.clock,
             commands: vec![Command::Tick],
         },
         &mut writes,
@@ -382,7 +382,7 @@ fn counters(state: &SmState) -> Vec<u64> {
             c.expired_leases,
             c.dead_lettered,
             c.discarded_max_deliveries,
-            c.discarded_nack,
+            c.discarded_rejected,
             c.skipped,
             c.rewound,
             c.discarded_retention,
@@ -505,7 +505,7 @@ proptest! {
                     + sub.counters.discarded_retention + sub.backlog(hw) + sub.leases.len() as u64;
                 prop_assert_eq!(sub.seen(hw), accounted, "subscription {}: {:?}", sub.name, sub.counters);
                 max_deliveries += sub.counters.discarded_max_deliveries;
-                rejected += sub.counters.discarded_nack;
+                rejected += sub.counters.discarded_rejected;
             }
             let t = h.state.topics["t"].counters;
             prop_assert_eq!(t.discarded_max_deliveries, max_deliveries);

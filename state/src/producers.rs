@@ -234,7 +234,7 @@ impl Producers {
 
 /// Checks the idempotency fields of a publish.
 pub fn validate(seq: &ProducerSeq) -> Result<(), ApplyError> {
-    if !raftq_client::api::is_valid_name(&seq.producer_id) {
+    if !crate::limits::is_valid_name(&seq.producer_id) {
         return Err(ApplyError::InvalidArgument(format!(
             "producer_id must be 1 to 128 characters of A-Z a-z 0-9 . _ -, not {:?}",
             seq.producer_id

@@ -56,8 +56,8 @@ fn probe(args: &HealthArgs) -> anyhow::Result<u16> {
         .timeout(Duration::from_secs(args.timeout_secs.max(1)));
     if let Some(ca) = &args.ca_file {
         builder = builder.tls_built_in_root_certs(false);
-        for cert in crate::tls::read_certs(ca)? {
-            builder = builder.add_root_certificate(reqwest::Certificate::from_der(&cert)?);
+        for cert in read_certs(ca)? {
+            builder = builder.add_root_certificate(cert);
         }
     }
     let http = builder.build()?;
@@ -66,4 +66,20 @@ fn probe(args: &HealthArgs) -> anyhow::Result<u16> {
         .build()?;
     let status = runtime.block_on(async { http.get(target(args)).send().await })?;
     Ok(status.status().as_u16())
+}
+
+/// Every certificate of a PEM file, with a message naming the file when it has none.
+fn read_certs(path: &std::path::Path) -> anyhow::Result<Vec<reqwest::Certificate>> {
+    use anyhow::Context as _;
+    let pem = std::fs::read(path)
+        .with_context(|| format!("cannot read the certificate file {}", path.display()))?;
+    let certs = reqwest::Certificate::from_pem_bundle(&pem)
+        .with_context(|| format!("{}: not a PEM certificate file", path.display()))?;
+    if certs.is_empty() {
+        anyhow::bail!(
+            "{}: no certificate in it (expected PEM \"BEGIN CERTIFICATE\" blocks)",
+            path.display()
+        );
+    }
+    Ok(certs)
 }

@@ -69,10 +69,16 @@ pub fn backup(args: BackupArgs) -> ExitCode {
 }
 
 pub fn restore(args: RestoreArgs) -> ExitCode {
-    let result = args
-        .serve
-        .resolve()
-        .and_then(|settings| backup::restore(&args.from, &settings).map(|r| (settings, r)));
+    let result = args.serve.resolve().and_then(|settings| {
+        let target = backup::Target {
+            data: settings.data.clone(),
+            cluster_id: settings.cluster_id.clone(),
+            id: settings.id,
+            peers: settings.peers.clone(),
+            write_buffer_bytes: settings.write_buffer_bytes,
+        };
+        backup::restore(&args.from, &target).map(|r| (settings, r))
+    });
     match result {
         Ok((settings, r)) => {
             if args.json {

@@ -5,8 +5,10 @@
 //! or done (acked or dead-lettered). The cursor is the ack floor: it only moves over a
 //! contiguous run of done offsets, or when a client moves it explicitly.
 //!
-//! Leases expire and nack delays end by the entry clock alone: every entry first settles what
-//! fell due (`settle`), using the index `SmState::due` of (time, subscription, offset).
+//! Leases expire and nack delays end by the entry clock alone: every entry first ends what fell
+//! due ([`expire_due`]), using the index `SmState::due` of (time, subscription, offset).
+//! "Settle" means one thing here: a client's ack, nack or extend of a receipt
+//! ([`settle_receipts`]).
 
 use std::collections::BTreeMap;
 
@@ -67,7 +69,7 @@ pub struct SubCounters {
     pub dead_lettered: u64,
     /// Discarded for want of a dead-letter topic, by reason.
     pub discarded_max_deliveries: u64,
-    pub discarded_nack: u64,
+    pub discarded_rejected: u64,
     /// Offsets a forward cursor move passed over before they were done.
     pub skipped: u64,
     /// Offsets a backward cursor move made count again (they were accounted for once).
@@ -123,7 +125,7 @@ impl SubState {
     pub fn dead_lettered_total(&self) -> u64 {
         self.counters.dead_lettered
             + self.counters.discarded_max_deliveries
-            + self.counters.discarded_nack
+            + self.counters.discarded_rejected
     }
 
     fn advance_cursor(&mut self) {
@@ -255,10 +257,10 @@ fn find(state: &SmState, sub: &SubRef) -> Result<u64, ApplyError> {
 }
 
 fn validate_timeout(ms: u64) -> Result<(), ApplyError> {
-    if ms == 0 || ms > raftq_client::api::MAX_ACK_TIMEOUT_MS {
+    if ms == 0 || ms > crate::limits::MAX_ACK_TIMEOUT_MS {
         return Err(ApplyError::InvalidArgument(format!(
             "ack_timeout_ms must be between 1 and {}, not {ms}",
-            raftq_client::api::MAX_ACK_TIMEOUT_MS
+            crate::limits::MAX_ACK_TIMEOUT_MS
         )));
     }
     Ok(())
@@ -269,7 +271,7 @@ pub(super) fn create(
     cmd: &CreateSub,
     writes: &mut Vec<Write>,
 ) -> CommandResult {
-    if !raftq_client::api::is_valid_name(&cmd.name) {
+    if !crate::limits::is_valid_name(&cmd.name) {
         return Err(ApplyError::InvalidArgument(format!(
             "invalid subscription name {:?}",
             cmd.name
@@ -369,7 +371,7 @@ pub(super) fn delete(state: &mut SmState, cmd: &SubRef, writes: &mut Vec<Write>)
 }
 
 /// Ends every lease and delay that fell due at `now`. Runs before every entry's commands.
-pub(super) fn settle(
+pub(super) fn expire_due(
     state: &mut SmState,
     source: &dyn RecordSource,
     writes: &mut Vec<Write>,
@@ -516,7 +518,7 @@ fn dead_letter(
     match (appended, reason) {
         (true, _) => sub.counters.dead_lettered += 1,
         (false, DeadReason::MaxDeliveries) => sub.counters.discarded_max_deliveries += 1,
-        (false, DeadReason::Nack) => sub.counters.discarded_nack += 1,
+        (false, DeadReason::Nack) => sub.counters.discarded_rejected += 1,
     }
     if !appended {
         if let Some(meta) = state.topics.get_mut(&origin_topic_name) {
@@ -532,10 +534,10 @@ fn dead_letter(
 
 pub(super) fn pull(state: &mut SmState, cmd: &Pull, writes: &mut Vec<Write>) -> CommandResult {
     let id = find(state, &cmd.sub)?;
-    if cmd.max == 0 || cmd.max > raftq_client::api::MAX_PULL {
+    if cmd.max == 0 || cmd.max > crate::limits::MAX_PULL {
         return Err(ApplyError::InvalidArgument(format!(
             "max must be between 1 and {}",
-            raftq_client::api::MAX_PULL
+            crate::limits::MAX_PULL
         )));
     }
     if let Some(ms) = cmd.ack_timeout_ms {
@@ -640,12 +642,10 @@ pub(super) fn settle_receipts(
         Err(refused) => return Ok(Err(refused)),
     };
     match &cmd.action {
-        ReceiptAction::Nack { delay_ms, .. }
-            if *delay_ms > raftq_client::api::MAX_NACK_DELAY_MS =>
-        {
+        ReceiptAction::Nack { delay_ms, .. } if *delay_ms > crate::limits::MAX_NACK_DELAY_MS => {
             return Ok(Err(ApplyError::InvalidArgument(format!(
                 "delay_ms must be at most {}",
-                raftq_client::api::MAX_NACK_DELAY_MS
+                crate::limits::MAX_NACK_DELAY_MS
             ))))
         }
         ReceiptAction::Extend {
