@@ -61,18 +61,6 @@ ensure_schemathesis() {
         die "schemathesis $SCHEMATHESIS_VERSION did not install into $VENV"
 }
 
-build() {
-    if [[ -n "${RAFTQ_BIN:-}" ]]; then
-        info "using RAFTQ_BIN=$RAFTQ_BIN (not building)"
-        return 0
-    fi
-    ensure_build_deps
-    banner "cargo build --release --bin raftq   (target dir: $CARGO_TARGET_DIR)"
-    if rocksdb_cold; then
-        info "The first build compiles RocksDB (C++) and may take ~15 minutes; later builds are quick."
-    fi
-    (cd "$RAFTQ_ROOT" && cargo build --release --bin raftq)
-}
 
 WORK=""
 NODE_PID=""
@@ -105,7 +93,7 @@ trap 'exit 130' INT TERM
 
 ensure_apt_packages curl ca-certificates
 ensure_schemathesis
-build
+build_raftq
 bin="$(server_binary)"
 [[ -x "$bin" ]] || die "no server binary at $bin"
 

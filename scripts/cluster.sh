@@ -130,19 +130,6 @@ find_leader() {
     return 1
 }
 
-build() {
-    if [[ -n "${RAFTQ_BIN:-}" ]]; then
-        info "using RAFTQ_BIN=$RAFTQ_BIN (not building)"
-        ensure_apt_packages curl ca-certificates
-        return 0
-    fi
-    ensure_build_deps
-    banner "cargo build --release --bin raftq   (target dir: $CARGO_TARGET_DIR)"
-    if rocksdb_cold; then
-        info "The first build compiles RocksDB (C++) and may take ~15 minutes; later builds are quick."
-    fi
-    (cd "$RAFTQ_ROOT" && cargo build --release --bin raftq)
-}
 
 # Creates the data directory, the cluster secret and the cluster id, once.
 prepare_data_dir() {
@@ -278,7 +265,9 @@ wait_for_leader() {
 
 cmd_up() {
     local id bin pid to_start=()
-    build
+    # curl talks to the nodes, whether built here or not.
+    ensure_apt_packages curl ca-certificates
+    build_raftq
     bin="$(server_binary)"
     [[ -x "$bin" ]] || die "no server binary at $bin"
     prepare_data_dir

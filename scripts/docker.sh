@@ -60,11 +60,7 @@ need_docker() {
 image() {
     local bin ctx lib
     need_docker
-    if [[ -z "${RAFTQ_BIN:-}" ]]; then
-        ensure_build_deps
-        banner "cargo build --release --bin raftq   (target dir: $CARGO_TARGET_DIR)"
-        (cd "$RAFTQ_ROOT" && cargo build --release --bin raftq)
-    fi
+    build_raftq
     bin="$(server_binary)"
     ctx="$(mktemp -d)"
     mkdir -p "$ctx/rootfs/usr/local/bin" "$ctx/rootfs/etc" "$ctx/rootfs/tmp" "$ctx/data"

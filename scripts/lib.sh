@@ -114,6 +114,21 @@ rocksdb_cold() {
     ! compgen -G "$CARGO_TARGET_DIR/release/build/librocksdb-sys-*/output" >/dev/null
 }
 
+# build_raftq: builds the raftq binary (release) into CARGO_TARGET_DIR, unless RAFTQ_BIN names
+# one to run instead.
+build_raftq() {
+    if [[ -n "${RAFTQ_BIN:-}" ]]; then
+        info "using RAFTQ_BIN=$RAFTQ_BIN (not building)"
+        return 0
+    fi
+    ensure_build_deps
+    banner "cargo build --release --bin raftq   (target dir: $CARGO_TARGET_DIR)"
+    if rocksdb_cold; then
+        info "The first build compiles RocksDB (C++) and may take ~15 minutes; later builds are quick."
+    fi
+    (cd "$RAFTQ_ROOT" && cargo build --release --bin raftq)
+}
+
 # The raftq binary the scripts run: RAFTQ_BIN (a path, or a name on PATH) when set, else the
 # release build in CARGO_TARGET_DIR; always printed as an absolute path.
 server_binary() {

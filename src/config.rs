@@ -179,6 +179,12 @@ pub struct Settings {
 }
 
 impl Settings {
+    /// The `/raft/status` of the peer at `url`, asked with this node's client and secret (see
+    /// [`crate::raft::network::peer_status`]).
+    pub async fn peer_status(&self, url: &str, timeout: Duration) -> Option<serde_json::Value> {
+        crate::raft::network::peer_status(&self.peer_http, &self.cluster_secret, url, timeout).await
+    }
+
     /// This node's own base URL, as the other nodes reach it.
     pub fn own_url(&self) -> &str {
         self.peers.get(&self.id).map_or("", String::as_str)

@@ -627,11 +627,7 @@ async fn without_quorum_nothing_is_acknowledged_or_visible() {
                 return Ok(());
             }
             let status = cl.status(leader).await?;
-            let own = status
-                .members
-                .iter()
-                .find(|m| m.id == leader)
-                .and_then(|m| m.matched_index);
+            let own = status.matched_index(leader);
             match own {
                 Some(last) if last > status.commit_index => Ok(()),
                 _ => Err(format!(
@@ -684,10 +680,7 @@ async fn without_quorum_nothing_is_acknowledged_or_visible() {
     // lead and to be ready?
     let isolated = c.status(leader).await;
     let ready = c
-        .send(
-            c.http().get(format!("{}/readyz", c.url(leader))),
-            "GET /readyz",
-        )
+        .call(reqwest::Method::GET, leader, "/readyz")
         .await
         .status();
     eprintln!(
@@ -1423,11 +1416,7 @@ async fn cluster_status_health_and_readiness() {
             c.ids().into_iter().map(|i| (i, c.url(i), true)).collect();
         assert_eq!(members, expected, "node {id}: members");
         if id == leader {
-            let own = status
-                .members
-                .iter()
-                .find(|m| m.id == leader)
-                .and_then(|m| m.matched_index);
+            let own = status.matched_index(leader);
             assert!(
                 own >= Some(status.commit_index),
                 "leader's own log end below commit: {status:?}"

@@ -55,12 +55,7 @@ async fn publish_idempotent(c: &Cluster, producer: &str, sequence: u64) -> Publi
 async fn a_cluster_restored_from_a_backup_has_exactly_the_backed_up_state_and_goes_on() {
     let c = Cluster::start(3).await;
     c.create_topic("orders").await;
-    c.leader_json(
-        reqwest::Method::PUT,
-        "/v1/topics/orders/subscriptions/billing",
-        json!({"start": "first"}),
-    )
-    .await;
+    c.subscribe_from_first("orders", "billing").await;
     let first = publish_idempotent(&c, "p1", 0).await;
     assert_eq!((first.first_offset, first.duplicate), (0, false));
     c.publish_values(
@@ -297,11 +292,7 @@ async fn a_restore_refuses_an_id_the_backed_up_cluster_removed() {
         .await;
     assert_eq!(resp.status().as_u16(), 200, "{:?}", resp.text().await);
     let resp = c
-        .send(
-            c.http()
-                .delete(format!("{}/v1/cluster/nodes/4", c.url(leader))),
-            "remove node 4",
-        )
+        .call(reqwest::Method::DELETE, leader, "/v1/cluster/nodes/4")
         .await;
     assert_eq!(resp.status().as_u16(), 200, "{:?}", resp.text().await);
     c.kill(4);

@@ -133,10 +133,7 @@ async fn a_leader_ten_minutes_ahead_expires_and_deletes_nothing_early() {
     );
     // The fast node says how far off its wall clock is.
     let metrics = c
-        .send(
-            c.http().get(format!("{}/metrics", c.url(fast))),
-            "metrics of the fast node",
-        )
+        .call(reqwest::Method::GET, fast, "/metrics")
         .await
         .text()
         .await

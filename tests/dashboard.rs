@@ -15,7 +15,6 @@ use std::time::{Duration, Instant};
 
 use common::Cluster;
 use raftq_client::api::{ClusterStatus, Report};
-use serde_json::json;
 
 const ADMIN: &str = "rq_dash_admin_5a0c31";
 const READER: &str = "rq_dash_reader_93be7f";
@@ -165,12 +164,7 @@ async fn the_dashboard_shows_what_the_api_says_in_headless_chromium() {
     // A workload: one topic the reader sees, one it does not.
     c.create_topic("orders.eu").await;
     c.create_topic("payroll").await;
-    c.leader_json(
-        reqwest::Method::PUT,
-        "/v1/topics/orders.eu/subscriptions/billing",
-        json!({"start": "first"}),
-    )
-    .await;
+    c.subscribe_from_first("orders.eu", "billing").await;
     for batch in 0..5 {
         let values: Vec<String> = (0..4).map(|i| format!("order-{batch}-{i}")).collect();
         c.publish_values("orders.eu", &values).await;

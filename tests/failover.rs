@@ -9,17 +9,14 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{wait_acks, Cluster, History, Load};
-use raftq_client::api::{PublishResponse, RecordIn, TopicConfig};
+use raftq_client::api::{PublishResponse, RecordIn};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_sigkill_while_publishing_loses_no_acknowledged_record() {
     let started = Instant::now();
     let c = Cluster::start(3).await;
     let topic = "failover";
-    let client = c.client();
-    if let Err(e) = client.create_topic(topic, &TopicConfig::default()).await {
-        c.fail(&format!("creating {topic} through the SDK: {e}"));
-    }
+    let client = c.client_with_topic(topic).await;
 
     // 4 sequential publishers x 500 single-record publishes = 2,000 unique values.
     let load = Load::start(&client, topic, 4, 500);
@@ -86,10 +83,7 @@ async fn all_nodes_sigkilled_at_once_keep_every_acknowledged_record() {
     let started = Instant::now();
     let c = Cluster::start(3).await;
     let topic = "crash";
-    let client = c.client();
-    if let Err(e) = client.create_topic(topic, &TopicConfig::default()).await {
-        c.fail(&format!("creating {topic} through the SDK: {e}"));
-    }
+    let client = c.client_with_topic(topic).await;
 
     // 400 records in batches of varying sizes, one batch after the other...
     let mut acked: Vec<(Vec<String>, PublishResponse)> = Vec::new();

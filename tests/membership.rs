@@ -62,10 +62,7 @@ fn learners(s: &ClusterStatus) -> BTreeSet<u64> {
 async fn grow_to_five_shrink_to_three_and_lose_a_voter_under_load() {
     let c = Cluster::start_with_spares(3, 2, &[]).await;
     let topic = "members";
-    let client = c.client();
-    if let Err(e) = client.create_topic(topic, &TopicConfig::default()).await {
-        c.fail(&format!("creating {topic}: {e}"));
-    }
+    let client = c.client_with_topic(topic).await;
     let load = Load::start(&client, topic, 3, 100_000);
     wait_acks(&c, &load, 100, Duration::from_secs(30)).await;
 
@@ -194,10 +191,7 @@ async fn a_voter_whose_machine_is_gone_is_replaced_under_a_new_id() {
     )
     .await;
     let topic = "kept";
-    let client = c.client();
-    if let Err(e) = client.create_topic(topic, &TopicConfig::default()).await {
-        c.fail(&format!("creating {topic}: {e}"));
-    }
+    let client = c.client_with_topic(topic).await;
     let before = Load::start(&client, topic, 2, 50)
         .finish(&c, Duration::from_secs(60))
         .await;
@@ -282,10 +276,7 @@ async fn a_voter_whose_machine_is_gone_is_replaced_under_a_new_id() {
 async fn a_transfer_whose_request_is_dropped_leaves_the_node_able_to_lead() {
     let c = Cluster::start(3).await;
     let topic = "moves";
-    let client = c.client();
-    if let Err(e) = client.create_topic(topic, &TopicConfig::default()).await {
-        c.fail(&format!("creating {topic}: {e}"));
-    }
+    let client = c.client_with_topic(topic).await;
     let first = leader(&c).await;
     // The client gives up after 300 ms, mid-transfer (the lease wait alone is over a second):
     // the server's handler is dropped with it.

@@ -287,12 +287,7 @@ fn check_histograms(exp: &Exposition) -> Result<(), String> {
 }
 
 async fn scrape(c: &Cluster, id: u64) -> Exposition {
-    let resp = c
-        .send(
-            c.http().get(format!("{}/metrics", c.url(id))),
-            "GET /metrics",
-        )
-        .await;
+    let resp = c.call(reqwest::Method::GET, id, "/metrics").await;
     assert_eq!(resp.status().as_u16(), 200, "GET /metrics on node {id}");
     let content_type = resp
         .headers()
@@ -366,12 +361,7 @@ async fn metrics_parse_and_follow_a_workload() {
     let before = scrape(&c, leader).await;
 
     c.create_topic("orders").await;
-    c.leader_json(
-        reqwest::Method::PUT,
-        "/v1/topics/orders/subscriptions/billing",
-        json!({"start": "first"}),
-    )
-    .await;
+    c.subscribe_from_first("orders", "billing").await;
     let publishes = 5;
     for batch in 0..publishes {
         let values: Vec<String> = (0..4).map(|i| format!("order-{batch}-{i}")).collect();

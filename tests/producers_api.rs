@@ -299,11 +299,7 @@ async fn reports_subtract_to_exactly_what_a_workload_did() {
     }
 
     let resp = c
-        .send(
-            c.http()
-                .get(format!("{}/v1/topics/nope/report", c.url(leader))),
-            "report of a missing topic",
-        )
+        .call(reqwest::Method::GET, leader, "/v1/topics/nope/report")
         .await;
     c.expect_problem(resp, 404, "topic_not_found", "missing topic")
         .await;

@@ -6,7 +6,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{wait_acks, Cluster, Load};
-use raftq_client::api::{ReadResponse, TopicConfig};
+use raftq_client::api::ReadResponse;
 use reqwest::StatusCode;
 use serde_json::json;
 
@@ -18,10 +18,7 @@ async fn leader_sigterm_under_load_exits_zero_and_loses_nothing() {
     let started = Instant::now();
     let c = Cluster::start(3).await;
     let topic = "drain";
-    let client = c.client();
-    if let Err(e) = client.create_topic(topic, &TopicConfig::default()).await {
-        c.fail(&format!("creating {topic} through the SDK: {e}"));
-    }
+    let client = c.client_with_topic(topic).await;
     let old = c.leader_id().await;
 
     // A long-poll on the leader that no publish can answer (far beyond the end): only the
@@ -284,11 +281,7 @@ async fn shutdown_with_an_uncommittable_write_is_slower_but_bounded() {
                 return Err("the write was answered before the shutdown".to_string());
             }
             let status = cl.status(leader).await?;
-            let own = status
-                .members
-                .iter()
-                .find(|m| m.id == leader)
-                .and_then(|m| m.matched_index);
+            let own = status.matched_index(leader);
             match own {
                 Some(end) if end > status.commit_index => Ok(()),
                 _ => Err(format!(

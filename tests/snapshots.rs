@@ -202,11 +202,7 @@ async fn a_follower_catches_up_by_snapshot_and_matches_the_leader_exactly() {
         .unwrap_or_else(|e| c.fail(&e))
         .last_applied;
     let resp = c
-        .send(
-            c.http()
-                .post(format!("{}/v1/cluster/snapshot", c.url(node))),
-            "POST /v1/cluster/snapshot",
-        )
+        .call(reqwest::Method::POST, node, "/v1/cluster/snapshot")
         .await;
     let taken: SnapshotTaken = c.json_of(resp, 200, "POST /v1/cluster/snapshot").await;
     assert_eq!(taken.node_id, node);

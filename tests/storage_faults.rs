@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::{Cluster, Load};
-use raftq_client::api::{ClusterStatus, TopicConfig};
+use raftq_client::api::ClusterStatus;
 
 /// The newest write-ahead log file of a node's RocksDB, and its size.
 fn newest_wal(data: &Path) -> (PathBuf, u64) {
@@ -81,10 +81,7 @@ async fn cluster_with_a_stopped_follower() -> (Cluster, u64, u64) {
 
 /// The same, on `c`, with `large` more records of 2 KiB each published after the first 400.
 async fn stopped_follower_of(c: Cluster, large: u64) -> (Cluster, u64, u64) {
-    let client = c.client();
-    if let Err(e) = client.create_topic("kept", &TopicConfig::default()).await {
-        c.fail(&format!("creating kept: {e}"));
-    }
+    let client = c.client_with_topic("kept").await;
     let histories = Load::start(&client, "kept", 2, 200)
         .finish(&c, Duration::from_secs(60))
         .await;
@@ -111,9 +108,7 @@ async fn stopped_follower_of(c: Cluster, large: u64) -> (Cluster, u64, u64) {
 async fn is_voter(c: &Cluster, node: u64) -> Result<bool, String> {
     let leader = c.wait_leader(Duration::from_secs(20)).await;
     let s: ClusterStatus = c.status(leader).await?;
-    s.members
-        .iter()
-        .find(|m| m.id == node)
+    s.member(node)
         .map(|m| m.voter)
         .ok_or_else(|| format!("node {node} is not a member: {s:?}"))
 }

@@ -11,7 +11,7 @@ use std::process::ExitCode;
 use clap::{Args, Subcommand};
 use raftq_client::api::ClusterStatus;
 
-use super::{connect, json_text, runtime, table, Connection, Failure};
+use super::{block_on, connect, json_text, table, Connection, Failure};
 
 /// `raftq cluster`.
 #[derive(Debug, Clone, Args)]
@@ -56,10 +56,7 @@ pub enum ClusterCmd {
 
 /// Runs `raftq cluster`.
 pub fn cluster(args: ClusterArgs) -> ExitCode {
-    match runtime().and_then(|rt| rt.block_on(run(args))) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(failure) => failure.report(),
-    }
+    block_on(run(args))
 }
 
 async fn run(args: ClusterArgs) -> Result<(), Failure> {
@@ -79,11 +76,7 @@ async fn run(args: ClusterArgs) -> Result<(), Failure> {
                     result = &mut add => break result?,
                     _ = tick.tick() => {
                         if let Ok(now) = client.cluster().await {
-                            let matched = now
-                                .members
-                                .iter()
-                                .find(|m| m.id == id)
-                                .and_then(|m| m.matched_index);
+                            let matched = now.matched_index(id);
                             match matched {
                                 Some(m) => eprintln!(
                                     "node {id}: replicated up to log index {m} of {}",

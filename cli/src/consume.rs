@@ -7,11 +7,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use clap::Args;
-use raftq_client::api::{Message, ReadFrom, Record, MAX_PULL};
+use raftq_client::api::{Message, Record, MAX_PULL};
 use raftq_client::{Reader, Subscriber, SubscriberOptions};
 
-use super::{connect, on_interrupt, runtime, Connection, Failure};
+use super::{block_on, connect, on_interrupt, ConsumeArgs, Failure, TailArgs};
 
 /// Long-poll wait of `tail -f` reads.
 const FOLLOW_WAIT: Duration = Duration::from_secs(10);
@@ -20,62 +19,9 @@ const TAIL_BATCH: u64 = 1_000;
 /// How long `tail` tries to commit its last batch to a subscription when it ends.
 const COMMIT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// `raftq consume`: pull messages of a subscription, print each, ack it once printed.
-#[derive(Debug, Clone, Args)]
-pub struct ConsumeArgs {
-    /// The topic.
-    pub topic: String,
-    /// The subscription to consume (it must exist).
-    #[arg(long, short = 's')]
-    pub subscription: String,
-    /// Stop after this many messages (the default: run until Ctrl-C).
-    #[arg(long, short = 'n', value_name = "N")]
-    pub max: Option<u64>,
-    /// Print each message as a JSON line (with its receipt, headers and timestamps).
-    #[arg(long)]
-    pub json: bool,
-    /// Most messages leased per pull.
-    #[arg(long, default_value_t = 10, value_name = "N")]
-    pub batch: u32,
-    /// Consumer name sent with each pull.
-    #[arg(long)]
-    pub consumer: Option<String>,
-    #[command(flatten)]
-    pub connection: Connection,
-}
-
-/// `raftq tail`: print the records of a topic, optionally following a subscription's cursor.
-#[derive(Debug, Clone, Args)]
-pub struct TailArgs {
-    /// The topic.
-    pub topic: String,
-    /// Where to start: `first`, `last`, `next` or an offset. Default: the subscription's cursor
-    /// with `--subscription`, `first` without.
-    #[arg(long, value_name = "first|last|next|N")]
-    pub from: Option<ReadFrom>,
-    /// Read for this subscription: start at its cursor and move the cursor past every record
-    /// printed.
-    #[arg(long, short = 's')]
-    pub subscription: Option<String>,
-    /// Keep waiting for new records (long-poll) until Ctrl-C.
-    #[arg(long, short = 'f')]
-    pub follow: bool,
-    /// Stop after this many records.
-    #[arg(long, short = 'n', value_name = "N")]
-    pub max: Option<u64>,
-    /// Print each record as a JSON line.
-    #[arg(long)]
-    pub json: bool,
-    #[command(flatten)]
-    pub connection: Connection,
-}
-
 /// Runs `raftq consume`.
 pub fn consume(args: ConsumeArgs) -> ExitCode {
-    match runtime().and_then(|rt| rt.block_on(run_consume(args))) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(failure) => failure.report(),
-    }
+    block_on(run_consume(args))
 }
 
 async fn run_consume(args: ConsumeArgs) -> Result<(), Failure> {
@@ -183,10 +129,7 @@ fn print_message(message: &Message, json: bool) -> Result<(), io::Error> {
 
 /// Runs `raftq tail`.
 pub fn tail(args: TailArgs) -> ExitCode {
-    match runtime().and_then(|rt| rt.block_on(run_tail(args))) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(failure) => failure.report(),
-    }
+    block_on(run_tail(args))
 }
 
 async fn run_tail(args: TailArgs) -> Result<(), Failure> {

@@ -24,14 +24,16 @@ pub mod sub;
 pub mod topic;
 
 use std::io;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
+use raftq_client::api::ReadFrom;
 use raftq_client::{Client, Error, ProducerError};
 
-pub use consume::{consume, tail, ConsumeArgs, TailArgs};
-pub use publish::{publish, PublishArgs};
-pub use report::{report, ReportArgs};
+pub use consume::{consume, tail};
+pub use publish::publish;
+pub use report::report;
 
 /// Nodes tried when neither `--url` nor `RAFTQ_URL` names any.
 pub const DEFAULT_URLS: [&str; 3] = [
@@ -59,6 +61,109 @@ pub struct Connection {
     /// PEM CA certificates to trust for `https://` nodes, instead of the system's.
     #[arg(long, value_name = "FILE", env = "RAFTQ_CA_FILE", global = true)]
     pub ca_file: Option<std::path::PathBuf>,
+}
+
+/// `raftq consume`: pull messages of a subscription, print each, ack it once printed.
+#[derive(Debug, Clone, Args)]
+pub struct ConsumeArgs {
+    /// The topic.
+    pub topic: String,
+    /// The subscription to consume (it must exist).
+    #[arg(long, short = 's')]
+    pub subscription: String,
+    /// Stop after this many messages (the default: run until Ctrl-C).
+    #[arg(long, short = 'n', value_name = "N")]
+    pub max: Option<u64>,
+    /// Print each message as a JSON line (with its receipt, headers and timestamps).
+    #[arg(long)]
+    pub json: bool,
+    /// Most messages leased per pull.
+    #[arg(long, default_value_t = 10, value_name = "N")]
+    pub batch: u32,
+    /// Consumer name sent with each pull.
+    #[arg(long)]
+    pub consumer: Option<String>,
+    #[command(flatten)]
+    pub connection: Connection,
+}
+
+/// `raftq tail`: print the records of a topic, optionally following a subscription's cursor.
+#[derive(Debug, Clone, Args)]
+pub struct TailArgs {
+    /// The topic.
+    pub topic: String,
+    /// Where to start: `first`, `last`, `next` or an offset. Default: the subscription's cursor
+    /// with `--subscription`, `first` without.
+    #[arg(long, value_name = "first|last|next|N")]
+    pub from: Option<ReadFrom>,
+    /// Read for this subscription: start at its cursor and move the cursor past every record
+    /// printed.
+    #[arg(long, short = 's')]
+    pub subscription: Option<String>,
+    /// Keep waiting for new records (long-poll) until Ctrl-C.
+    #[arg(long, short = 'f')]
+    pub follow: bool,
+    /// Stop after this many records.
+    #[arg(long, short = 'n', value_name = "N")]
+    pub max: Option<u64>,
+    /// Print each record as a JSON line.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub connection: Connection,
+}
+
+/// `raftq publish`: publish the lines of a file (or of stdin) as records, one per line.
+#[derive(Debug, Clone, Args)]
+pub struct PublishArgs {
+    /// The topic (it must exist).
+    pub topic: String,
+    /// Read the records from this file instead of stdin. With `--spool`, a run started again
+    /// with the same file and spool skips the lines already accepted and continues.
+    #[arg(long, value_name = "PATH")]
+    pub file: Option<PathBuf>,
+    /// Keep accepted records in this directory until they are committed: a killed run loses
+    /// nothing, and the next run with the same spool sends what was pending first.
+    #[arg(long, value_name = "DIR")]
+    pub spool: Option<PathBuf>,
+    /// The producer id, for a new spool (default: the spool's own, or a random id). Needs
+    /// `--spool`.
+    #[arg(long, value_name = "ID")]
+    pub producer_id: Option<String>,
+    /// Give every record this key.
+    #[arg(long, conflicts_with = "key_separator")]
+    pub key: Option<String>,
+    /// Split each line at the first SEP: the key before it, the value after it (a line
+    /// without SEP has no key).
+    #[arg(long, value_name = "SEP")]
+    pub key_separator: Option<String>,
+    /// Most records per batch.
+    #[arg(long, default_value_t = 1_000, value_name = "N")]
+    pub batch: usize,
+    /// How long a batch waits for more records, in milliseconds (it keeps filling anyway while
+    /// `--in-flight` batches are out).
+    #[arg(long, default_value_t = 0, value_name = "MS")]
+    pub linger_ms: u64,
+    /// Most batches in flight at once.
+    #[arg(long, default_value_t = 5, value_name = "N")]
+    pub in_flight: usize,
+    /// Most records read ahead and not yet committed (reading waits when it is reached).
+    #[arg(long, default_value_t = 10_000, value_name = "N")]
+    pub buffer: usize,
+    #[command(flatten)]
+    pub connection: Connection,
+}
+
+/// `raftq report`: the counters of one topic, or of every topic, as of a commit point.
+#[derive(Debug, Clone, Args)]
+pub struct ReportArgs {
+    /// The topic (default: every topic).
+    pub topic: Option<String>,
+    /// Print the report as JSON, as the server answers it.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub connection: Connection,
 }
 
 /// Why a command failed: decides the exit status.
@@ -143,6 +248,31 @@ fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
         .map_err(|err| Failure::Usage(format!("cannot start the runtime: {err}")))
 }
 
+/// How a command's run ends when it succeeds: an exit status of its own, or 0.
+trait Done {
+    fn exit_code(self) -> ExitCode;
+}
+
+impl Done for () {
+    fn exit_code(self) -> ExitCode {
+        ExitCode::SUCCESS
+    }
+}
+
+impl Done for ExitCode {
+    fn exit_code(self) -> ExitCode {
+        self
+    }
+}
+
+/// Runs a command on a runtime of its own and turns how it ended into the exit status.
+fn block_on<T: Done>(work: impl std::future::Future<Output = Result<T, Failure>>) -> ExitCode {
+    match runtime().and_then(|rt| rt.block_on(work)) {
+        Ok(done) => done.exit_code(),
+        Err(failure) => failure.report(),
+    }
+}
+
 /// Calls `on_first` at the first Ctrl-C; a second Ctrl-C exits at once with status 130.
 fn on_interrupt(on_first: impl FnOnce() + Send + 'static) {
     tokio::spawn(async move {
@@ -191,30 +321,6 @@ fn table(headers: &[&str], rows: &[Vec<String>], text_columns: usize) -> String 
         text.push_str(&line(row.iter().map(String::as_str).collect()));
     }
     text
-}
-
-/// Milliseconds since the Unix epoch as an RFC 3339 UTC time.
-fn utc_time(ms: u64) -> String {
-    let secs = ms / 1000;
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3_600,
-        rem % 3_600 / 60,
-        rem % 60,
-        ms % 1000
-    )
 }
 
 #[cfg(test)]

@@ -1,58 +1,15 @@
 //! `raftq publish`: lines of a file or stdin as records, through [`raftq_client::Producer`].
 
 use std::io::{self, BufRead, IsTerminal};
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use clap::Args;
 use raftq_client::api::RecordIn;
 use raftq_client::{Delivery, Producer, ProducerError, ProducerOptions, SendError};
 
-use super::{connect, on_interrupt, runtime, Connection, Failure};
-
-/// `raftq publish`: publish the lines of a file (or of stdin) as records, one per line.
-#[derive(Debug, Clone, Args)]
-pub struct PublishArgs {
-    /// The topic (it must exist).
-    pub topic: String,
-    /// Read the records from this file instead of stdin. With `--spool`, a run started again
-    /// with the same file and spool skips the lines already accepted and continues.
-    #[arg(long, value_name = "PATH")]
-    pub file: Option<PathBuf>,
-    /// Keep accepted records in this directory until they are committed: a killed run loses
-    /// nothing, and the next run with the same spool sends what was pending first.
-    #[arg(long, value_name = "DIR")]
-    pub spool: Option<PathBuf>,
-    /// The producer id, for a new spool (default: the spool's own, or a random id). Needs
-    /// `--spool`.
-    #[arg(long, value_name = "ID")]
-    pub producer_id: Option<String>,
-    /// Give every record this key.
-    #[arg(long, conflicts_with = "key_separator")]
-    pub key: Option<String>,
-    /// Split each line at the first SEP: the key before it, the value after it (a line
-    /// without SEP has no key).
-    #[arg(long, value_name = "SEP")]
-    pub key_separator: Option<String>,
-    /// Most records per batch.
-    #[arg(long, default_value_t = 1_000, value_name = "N")]
-    pub batch: usize,
-    /// How long a batch waits for more records, in milliseconds (it keeps filling anyway while
-    /// `--in-flight` batches are out).
-    #[arg(long, default_value_t = 0, value_name = "MS")]
-    pub linger_ms: u64,
-    /// Most batches in flight at once.
-    #[arg(long, default_value_t = 5, value_name = "N")]
-    pub in_flight: usize,
-    /// Most records read ahead and not yet committed (reading waits when it is reached).
-    #[arg(long, default_value_t = 10_000, value_name = "N")]
-    pub buffer: usize,
-    #[command(flatten)]
-    pub connection: Connection,
-}
+use super::{block_on, connect, on_interrupt, Failure, PublishArgs};
 
 /// Lines read ahead of the producer.
 const PUBLISH_READ_AHEAD: usize = 4_096;
@@ -82,10 +39,7 @@ struct Tally {
 
 /// Runs `raftq publish`.
 pub fn publish(args: PublishArgs) -> ExitCode {
-    match runtime().and_then(|rt| rt.block_on(run_publish(args))) {
-        Ok(code) => code,
-        Err(failure) => failure.report(),
-    }
+    block_on(run_publish(args))
 }
 
 fn producer_failure(err: ProducerError) -> Failure {

@@ -3,29 +3,13 @@
 use std::io::{self, Write};
 use std::process::ExitCode;
 
-use clap::Args;
-use raftq_client::api::{CommitPoint, SubscriptionReport, TopicReport};
+use raftq_client::api::{utc_time, CommitPoint, SubscriptionReport, TopicReport};
 
-use super::{connect, json_text, runtime, table, utc_time, Connection, Failure};
-
-/// `raftq report`: the counters of one topic, or of every topic, as of a commit point.
-#[derive(Debug, Clone, Args)]
-pub struct ReportArgs {
-    /// The topic (default: every topic).
-    pub topic: Option<String>,
-    /// Print the report as JSON, as the server answers it.
-    #[arg(long)]
-    pub json: bool,
-    #[command(flatten)]
-    pub connection: Connection,
-}
+use super::{block_on, connect, json_text, table, Failure, ReportArgs};
 
 /// Runs `raftq report`.
 pub fn report(args: ReportArgs) -> ExitCode {
-    match runtime().and_then(|rt| rt.block_on(run_report(args))) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(failure) => failure.report(),
-    }
+    block_on(run_report(args))
 }
 
 async fn run_report(args: ReportArgs) -> Result<(), Failure> {

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use clap::{Args, Subcommand};
 use raftq_client::api::{SubscriptionConfig, SubscriptionInfo, SubscriptionStart};
 
-use super::{connect, json_text, runtime, table, Connection, Failure};
+use super::{block_on, connect, json_text, table, Connection, Failure};
 
 /// `raftq sub`.
 #[derive(Debug, Clone, Args)]
@@ -69,10 +69,7 @@ fn parse_start(text: &str) -> Result<SubscriptionStart, String> {
 
 /// Runs `raftq sub`.
 pub fn sub(args: SubArgs) -> ExitCode {
-    match runtime().and_then(|rt| rt.block_on(run(args))) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(failure) => failure.report(),
-    }
+    block_on(run(args))
 }
 
 async fn run(args: SubArgs) -> Result<(), Failure> {

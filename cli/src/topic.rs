@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use clap::{Args, Subcommand};
 use raftq_client::api::{Retention, TopicConfig, TopicSummary};
 
-use super::{connect, json_text, runtime, table, Connection, Failure};
+use super::{block_on, connect, json_text, table, Connection, Failure};
 
 /// `raftq topic`.
 #[derive(Debug, Clone, Args)]
@@ -58,10 +58,7 @@ pub enum TopicCmd {
 
 /// Runs `raftq topic`.
 pub fn topic(args: TopicArgs) -> ExitCode {
-    match runtime().and_then(|rt| rt.block_on(run(args))) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(failure) => failure.report(),
-    }
+    block_on(run(args))
 }
 
 async fn run(args: TopicArgs) -> Result<(), Failure> {

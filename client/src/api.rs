@@ -104,6 +104,31 @@ pub struct PublishRequest {
     pub sequence: Option<u64>,
 }
 
+/// Milliseconds since the Unix epoch (as in [`CommitPoint::timestamp_ms`]) as an RFC 3339 UTC
+/// time, e.g. `2025-11-30T05:20:00.123Z`.
+pub fn utc_time(ms: u64) -> String {
+    let secs = ms / 1000;
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3_600,
+        rem % 3_600 / 60,
+        rem % 60,
+        ms % 1000
+    )
+}
+
 /// The last applied log entry and its leader timestamp: everything up to it is durable.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -315,6 +340,19 @@ pub struct ClusterStatus {
     /// With `?digest=true`: a digest of this node's whole state machine as of an index.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state_digest: Option<StateDigest>,
+}
+
+impl ClusterStatus {
+    /// Member `id`, if it is one.
+    pub fn member(&self, id: u64) -> Option<&ClusterMember> {
+        self.members.iter().find(|m| m.id == id)
+    }
+
+    /// How far member `id`'s log is known replicated (on the leader only; see
+    /// [`ClusterMember::matched_index`]).
+    pub fn matched_index(&self, id: u64) -> Option<u64> {
+        self.member(id).and_then(|m| m.matched_index)
+    }
 }
 
 /// A digest of a node's state machine: nodes that applied the same `index` have the same
@@ -925,98 +963,5 @@ impl fmt::Display for Problem {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn names() {
-        assert!(is_valid_name("orders.v1_eu-2"));
-        assert!(is_valid_name(&"a".repeat(128)));
-        assert!(!is_valid_name(&"a".repeat(129)));
-        assert!(!is_valid_name(""));
-        assert!(!is_valid_name("a/b"));
-        assert!(!is_valid_name("é"));
-        assert!(!is_valid_name("a b"));
-    }
-
-    #[test]
-    fn documented_codes_are_every_code_but_unknown() {
-        // A new variant fails to compile here until it is sorted in or out of DOCUMENTED.
-        let documented = |code: ErrorCode| match code {
-            ErrorCode::InvalidArgument
-            | ErrorCode::Unauthorized
-            | ErrorCode::Forbidden
-            | ErrorCode::TopicNotFound
-            | ErrorCode::SubscriptionNotFound
-            | ErrorCode::AlreadyExists
-            | ErrorCode::PayloadTooLarge
-            | ErrorCode::NotLeader
-            | ErrorCode::NoLeader
-            | ErrorCode::ShuttingDown
-            | ErrorCode::SequenceGap
-            | ErrorCode::Overloaded
-            | ErrorCode::Internal => true,
-            ErrorCode::Unknown => false,
-        };
-        assert!(ErrorCode::DOCUMENTED.iter().all(|c| documented(*c)));
-        let mut names: Vec<&str> = ErrorCode::DOCUMENTED.iter().map(|c| c.as_str()).collect();
-        names.sort_unstable();
-        names.dedup();
-        assert_eq!(
-            names.len(),
-            ErrorCode::DOCUMENTED.len(),
-            "a code is listed twice"
-        );
-        for code in ErrorCode::DOCUMENTED {
-            let json = serde_json::to_string(&code).unwrap();
-            assert_eq!(json, format!("\"{}\"", code.as_str()));
-        }
-    }
-
-    #[test]
-    fn name_pattern_says_what_is_valid_name_checks() {
-        assert_eq!(
-            NAME_PATTERN,
-            format!("^[A-Za-z0-9._-]{{1,{MAX_NAME_LEN}}}$")
-        );
-    }
-
-    #[test]
-    fn problem_round_trip_and_unknown_code() {
-        let p = Problem::new(ErrorCode::TopicNotFound, "no topic t");
-        let json = serde_json::to_string(&p).unwrap();
-        assert!(json.contains("\"code\":\"topic_not_found\""));
-        assert!(json.contains("\"status\":404"));
-        let back: Problem = serde_json::from_str(&json).unwrap();
-        assert_eq!(back, p);
-        let newer: Problem = serde_json::from_str(
-            r#"{"type":"x","title":"t","status":418,"detail":"d","code":"teapot"}"#,
-        )
-        .unwrap();
-        assert_eq!(newer.code, ErrorCode::Unknown);
-    }
-
-    #[test]
-    fn subscription_start_forms() {
-        let c: SubscriptionConfig = serde_json::from_str(r#"{"start": "next"}"#).unwrap();
-        assert_eq!(c.start, SubscriptionStart::Next);
-        let c: SubscriptionConfig = serde_json::from_str(r#"{"start": 42}"#).unwrap();
-        assert_eq!(c.start, SubscriptionStart::Offset(42));
-        let c: SubscriptionConfig = serde_json::from_str("{}").unwrap();
-        assert_eq!(c.start, SubscriptionStart::First);
-        assert!(serde_json::from_str::<SubscriptionConfig>(r#"{"start": "latest"}"#).is_err());
-        assert!(serde_json::from_str::<SubscriptionConfig>(r#"{"start": -1}"#).is_err());
-        assert_eq!(
-            serde_json::to_string(&SubscriptionStart::Offset(7)).unwrap(),
-            "7"
-        );
-    }
-
-    #[test]
-    fn read_from_parses() {
-        assert_eq!("first".parse::<ReadFrom>(), Ok(ReadFrom::First));
-        assert_eq!("17".parse::<ReadFrom>(), Ok(ReadFrom::Offset(17)));
-        assert!("-1".parse::<ReadFrom>().is_err());
-        assert!("latest".parse::<ReadFrom>().is_err());
-    }
-}
+#[path = "api_tests.rs"]
+mod tests;

@@ -286,26 +286,13 @@ fn parse_subnet(text: &str) -> anyhow::Result<[u8; 3]> {
 
 /// UTC `YYYYMMDD-HHMMSS`, for directory names.
 fn timestamp() -> String {
-    let secs = SystemTime::now()
+    let ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}{month:02}{day:02}-{:02}{:02}{:02}",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+        .map_or(0, |d| d.as_millis() as u64);
+    // `YYYY-MM-DDTHH:MM:SS.mmmZ` without its separators and milliseconds.
+    let t = raftq_client::api::utc_time(ms);
+    let digits = |from: usize, to: usize| t[from..to].replace(['-', ':'], "");
+    format!("{}-{}", digits(0, 10), digits(11, 19))
 }
 
 /// Everything a run reports, in `results.json`.
@@ -864,12 +851,6 @@ const TABLE_HEADER: &str = "| scenario | workload | fault | ops | ok/fail/info |
 fn table_row(row: &Row) -> String {
     match &row.outcome {
         Ok(v) => {
-            let found: Vec<String> = v
-                .anomalies
-                .iter()
-                .filter(|(_, n)| **n > 0)
-                .map(|(name, n)| format!("{name}={n}"))
-                .collect();
             let mut verdict = if v.valid {
                 "valid".to_string()
             } else {
@@ -887,11 +868,7 @@ fn table_row(row: &Row) -> String {
                 v.ok,
                 v.fail,
                 v.info,
-                if found.is_empty() {
-                    "none".to_string()
-                } else {
-                    found.join(", ")
-                },
+                v.anomalies_found(),
                 verdict
             )
         }
@@ -1118,67 +1095,5 @@ fn expect_loss(results: &serde_json::Value) -> (bool, String) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("20s"), Ok(Duration::from_secs(20)));
-        assert_eq!(parse_duration("20"), Ok(Duration::from_secs(20)));
-        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        assert_eq!(parse_duration("1500ms"), Ok(Duration::from_millis(1500)));
-        assert!(parse_duration("soon").is_err());
-        assert!(parse_duration("3 weeks").is_err());
-    }
-
-    #[test]
-    fn subnets() {
-        assert_eq!(parse_subnet("10.231.0").unwrap(), [10, 231, 0]);
-        assert!(parse_subnet("8.8.8").is_err());
-        assert!(parse_subnet("10.1").is_err());
-        assert!(parse_subnet("192.168.300").is_err());
-    }
-
-    #[test]
-    fn the_negative_control_passes_only_on_partial_loss() {
-        let results = |valid: bool, failures: &[&str], lost: u64, acknowledged: u64| {
-            serde_json::json!({
-                "verdict": {"valid": valid, "failures": failures},
-                "checker": {"lost": {"count": lost}, "acknowledged": acknowledged},
-                "log_checker": {"lost": {"count": lost}, "acknowledged": acknowledged},
-            })
-        };
-        let (passed, why) = expect_loss(&results(false, &["lost", "log.lost"], 12, 900));
-        assert!(passed, "{why}");
-        assert!(why.contains("lost 12 of 900 acknowledged"), "{why}");
-        // Lost from the log only: acked by a consumer before the power loss, gone since.
-        let log_only = serde_json::json!({
-            "verdict": {"valid": false, "failures": ["log.lost", "delivery_after_ack"]},
-            "checker": {"lost": {"count": 0}, "acknowledged": 900},
-            "log_checker": {"lost": {"count": 95}, "acknowledged": 900},
-        });
-        let (passed, why) = expect_loss(&log_only);
-        assert!(passed, "{why}");
-        assert!(why.contains("log checker: lost 95 of 900"), "{why}");
-        // Judged valid: the suite did not see the loss.
-        assert!(!expect_loss(&results(true, &[], 0, 900)).0);
-        // Everything lost: a wiped cluster, not unsynced writes lost.
-        let (passed, why) = expect_loss(&results(false, &["lost"], 900, 900));
-        assert!(
-            !passed && why.contains("every acknowledged record was lost"),
-            "{why}"
-        );
-        // Invalid for another reason.
-        assert!(!expect_loss(&results(false, &["digest_mismatch"], 0, 900)).0);
-        // The fault did not happen: proves nothing, even with loss.
-        assert!(!expect_loss(&results(false, &["lost", "fault_not_applied"], 3, 900)).0);
-        assert!(!expect_loss(&serde_json::json!({})).0);
-    }
-
-    #[test]
-    fn timestamps_look_right() {
-        let t = timestamp();
-        assert_eq!(t.len(), 15);
-        assert!(t.starts_with("20"));
-    }
-}
+#[path = "main_tests.rs"]
+mod tests;

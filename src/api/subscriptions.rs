@@ -404,10 +404,8 @@ fn messages(
         let rows = node
             .read_records(
                 &meta,
-                from,
-                from.saturating_add(run as u64),
-                run as u64,
-                u64::MAX,
+                from..from.saturating_add(run as u64),
+                (run as u64, u64::MAX),
             )
             .map_err(|e| ApiError::internal(format!("reading records from {from}: {e}")))?;
         let mut rows = rows.into_iter().peekable();

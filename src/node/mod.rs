@@ -183,17 +183,16 @@ impl Node {
         self.sm.subscribe_applied()
     }
 
-    /// Stored records of `topic` from `from` up to (excluding) `end`: at most `max` records
-    /// and, after the first, at most `max_bytes` of values.
+    /// Stored records of `topic` at `offsets`: at most `max` records and, after the first, at
+    /// most `max_bytes` of values.
     pub fn read_records(
         &self,
         topic: &TopicMeta,
-        from: u64,
-        end: u64,
-        max: u64,
-        max_bytes: u64,
+        offsets: std::ops::Range<u64>,
+        (max, max_bytes): (u64, u64),
     ) -> Result<Vec<(u64, StoredRecord)>, String> {
-        self.sm.read_records(topic, from, end, max, max_bytes)
+        let std::ops::Range { start, end } = offsets;
+        self.sm.read_records(topic, start, end, max, max_bytes)
     }
 
     /// A digest of the whole applied state and the index it is as of (read off the request's

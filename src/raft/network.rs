@@ -25,6 +25,24 @@ use crate::codec;
 /// The header that carries the cluster secret on every Raft RPC.
 pub const SECRET_HEADER: &str = "x-raftq-cluster-secret";
 
+/// Asks the peer at `url` for its `/raft/status` (with the cluster secret): its JSON answer
+/// (`Null` when the body is not JSON), or `None` when it did not answer within `timeout`.
+pub async fn peer_status(
+    http: &reqwest::Client,
+    secret: &str,
+    url: &str,
+    timeout: std::time::Duration,
+) -> Option<serde_json::Value> {
+    let resp = http
+        .get(format!("{url}/raft/status"))
+        .header(SECRET_HEADER, secret)
+        .timeout(timeout)
+        .send()
+        .await
+        .ok()?;
+    Some(resp.json().await.unwrap_or_default())
+}
+
 /// How long one snapshot transfer may take at most.
 const SNAPSHOT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
 /// Read size when streaming a snapshot file.

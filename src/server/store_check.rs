@@ -7,7 +7,6 @@ use std::time::Duration;
 use anyhow::Context;
 
 use crate::config::Settings;
-use crate::raft::network::SECRET_HEADER;
 use crate::store::{self, DataDir};
 
 /// What it means for a store to have lost acknowledged data, and what happens next.
@@ -155,17 +154,9 @@ async fn find_loss(
     }
     let empty = found == store::watermark::Marks::default();
     for (peer, url) in settings.peers.iter().filter(|(id, _)| **id != settings.id) {
-        let Ok(resp) = settings
-            .peer_http
-            .get(format!("{url}/raft/status"))
-            .header(SECRET_HEADER, &settings.cluster_secret)
-            .timeout(Duration::from_secs(1))
-            .send()
-            .await
-        else {
+        let Some(v) = settings.peer_status(url, Duration::from_secs(1)).await else {
             continue;
         };
-        let v: serde_json::Value = resp.json().await.unwrap_or_default();
         let matched = v["matched"][settings.id.to_string()].as_u64().unwrap_or(0);
         if empty {
             let is_voter = v["voters"]

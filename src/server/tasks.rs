@@ -12,7 +12,6 @@ use openraft::BasicNode;
 
 use crate::clock::{EntryClock, JumpDetector};
 use crate::node::AppState;
-use crate::raft::network::SECRET_HEADER;
 use crate::raft::{LogId, NodeId, HEARTBEAT_MS};
 use crate::store::{Raft, SmShared};
 
@@ -174,17 +173,7 @@ impl Tasks {
     async fn read_clock(&self, id: NodeId, url: &str) {
         let settings = self.node.settings();
         let sent = Instant::now();
-        let Ok(resp) = settings
-            .peer_http
-            .get(format!("{url}/raft/status"))
-            .header(SECRET_HEADER, &settings.cluster_secret)
-            .timeout(Duration::from_millis(500))
-            .send()
-            .await
-        else {
-            return;
-        };
-        let Ok(v) = resp.json::<serde_json::Value>().await else {
+        let Some(v) = settings.peer_status(url, Duration::from_millis(500)).await else {
             return;
         };
         if let Some(wall_us) = v["wall_us"].as_u64() {
@@ -258,16 +247,8 @@ impl Tasks {
         if !matches!(self.raft.is_initialized().await, Ok(false)) {
             return;
         }
-        let http = &settings.peer_http;
         for (id, url) in settings.peers.iter().filter(|(id, _)| **id != node.id()) {
-            let resp = http
-                .get(format!("{url}/raft/status"))
-                .header(SECRET_HEADER, &settings.cluster_secret)
-                .timeout(Duration::from_secs(1))
-                .send()
-                .await;
-            if let Ok(r) = resp {
-                let v: serde_json::Value = r.json().await.unwrap_or_default();
+            if let Some(v) = settings.peer_status(url, Duration::from_secs(1)).await {
                 if v["initialized"] == serde_json::Value::Bool(true) {
                     tracing::info!(
                         peer = id,

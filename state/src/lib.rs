@@ -235,19 +235,14 @@ impl SmState {
 }
 
 /// Reads a stored record during apply (dead-lettering copies one, retention by bytes and age
-/// looks at each). `pending` holds the writes of this apply that are not in storage yet,
-/// newest last.
+/// looks at each). Only what storage holds: apply looks first among the writes of the apply in
+/// progress, which are not stored yet.
 ///
-/// `Ok(None)` means the record does not exist. A record that cannot be read or decoded is an
+/// `Ok(None)` means the record is not stored. A record that cannot be read or decoded is an
 /// `Err`: apply never decides anything from a failed read (one replica would decide
 /// differently from the others), it stops instead.
 pub trait RecordSource {
-    fn record(
-        &self,
-        pending: &[Write],
-        topic_id: u64,
-        offset: u64,
-    ) -> Result<Option<StoredRecord>, ReadFault>;
+    fn stored(&self, topic_id: u64, offset: u64) -> Result<Option<StoredRecord>, ReadFault>;
 }
 
 /// A record apply needed could not be read from storage, or is missing although the topic's
@@ -272,20 +267,24 @@ impl ReadFault {
     }
 }
 
-/// Reads a record that must exist: a missing one is a [`ReadFault`].
+/// Reads a record that must exist, among the writes of this apply (`pending`, newest last)
+/// first, then in storage: a missing one is a [`ReadFault`].
 pub(crate) fn existing_record(
     source: &dyn RecordSource,
     pending: &[Write],
     topic_id: u64,
     offset: u64,
 ) -> Result<StoredRecord, ReadFault> {
-    source
-        .record(pending, topic_id, offset)?
-        .ok_or_else(|| ReadFault::missing(topic_id, offset))
+    match pending_record(pending, topic_id, offset) {
+        Some(record) => Ok(record),
+        None => source
+            .stored(topic_id, offset)?
+            .ok_or_else(|| ReadFault::missing(topic_id, offset)),
+    }
 }
 
 /// Finds a record among not-yet-stored writes, newest first.
-pub fn pending_record(pending: &[Write], topic_id: u64, offset: u64) -> Option<StoredRecord> {
+fn pending_record(pending: &[Write], topic_id: u64, offset: u64) -> Option<StoredRecord> {
     pending.iter().rev().find_map(|w| match w {
         Write::PutRecord {
             topic_id: t,
@@ -301,13 +300,8 @@ pub fn pending_record(pending: &[Write], topic_id: u64, offset: u64) -> Option<S
 pub struct NothingStored;
 
 impl RecordSource for NothingStored {
-    fn record(
-        &self,
-        pending: &[Write],
-        topic_id: u64,
-        offset: u64,
-    ) -> Result<Option<StoredRecord>, ReadFault> {
-        Ok(pending_record(pending, topic_id, offset))
+    fn stored(&self, _topic_id: u64, _offset: u64) -> Result<Option<StoredRecord>, ReadFault> {
+        Ok(None)
     }
 }
 

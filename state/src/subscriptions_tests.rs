@@ -12,14 +12,8 @@ use super::*;
 pub(super) struct Records(pub(super) BTreeMap<(u64, u64), StoredRecord>);
 
 impl RecordSource for Records {
-    fn record(
-        &self,
-        pending: &[Write],
-        topic_id: u64,
-        offset: u64,
-    ) -> Result<Option<StoredRecord>, ReadFault> {
-        Ok(pending_record(pending, topic_id, offset)
-            .or_else(|| self.0.get(&(topic_id, offset)).cloned()))
+    fn stored(&self, topic_id: u64, offset: u64) -> Result<Option<StoredRecord>, ReadFault> {
+        Ok(self.0.get(&(topic_id, offset)).cloned())
     }
 }
 
@@ -785,15 +779,7 @@ struct Unreadable<'a> {
 }
 
 impl RecordSource for Unreadable<'_> {
-    fn record(
-        &self,
-        pending: &[Write],
-        topic_id: u64,
-        offset: u64,
-    ) -> Result<Option<StoredRecord>, ReadFault> {
-        if let Some(r) = pending_record(pending, topic_id, offset) {
-            return Ok(Some(r));
-        }
+    fn stored(&self, topic_id: u64, offset: u64) -> Result<Option<StoredRecord>, ReadFault> {
         if self.missing {
             return Ok(None);
         }

@@ -457,6 +457,16 @@ impl Cluster {
         self.client_for(&self.urls())
     }
 
+    /// An SDK client, after creating `topic` (default settings) through it.
+    pub async fn client_with_topic(&self, topic: &str) -> raftq_client::Client {
+        let client = self.client();
+        let config = raftq_client::api::TopicConfig::default();
+        if let Err(e) = client.create_topic(topic, &config).await {
+            self.fail(&format!("creating {topic} through the SDK: {e}"));
+        }
+        client
+    }
+
     /// An SDK client that knows only `urls`, with a 20 s deadline per call.
     pub fn client_for(&self, urls: &[String]) -> Client {
         let mut builder = Client::builder(urls).deadline(Duration::from_secs(20));
@@ -964,6 +974,23 @@ impl Cluster {
             Ok(resp) => resp,
             Err(e) => self.fail(&format!("{what}: transport error: {e:?}")),
         }
+    }
+
+    /// `{method} {path}` without a body to node `node`; the raw answer.
+    pub async fn call(&self, method: reqwest::Method, node: u64, path: &str) -> reqwest::Response {
+        let what = format!("{method} {path} on node {node}");
+        let url = format!("{}{path}", self.url(node));
+        self.send(self.http.request(method, url), &what).await
+    }
+
+    /// Creates subscription `sub` of `topic` starting at its first record, on the leader.
+    pub async fn subscribe_from_first(&self, topic: &str, sub: &str) -> Value {
+        self.leader_json(
+            reqwest::Method::PUT,
+            &format!("/v1/topics/{topic}/subscriptions/{sub}"),
+            json!({"start": "first"}),
+        )
+        .await
     }
 
     /// `POST {path}` with a JSON body to the current leader; the raw answer.

@@ -41,7 +41,7 @@ use raftq_client::{Client, Producer, ProducerOptions, Reader};
 use rand::RngCore;
 use serde::Serialize;
 
-use crate::{connect, describe, runtime, table, Connection, Failure};
+use crate::{block_on, connect, describe, table, Connection, Failure};
 
 use measure::{histogram, latency, round, Errors, MemoryWatch};
 
@@ -242,8 +242,8 @@ pub struct Outcome {
 
 /// Runs `raftq bench`.
 pub fn bench(args: BenchArgs) -> ExitCode {
-    match check(&args).and_then(|()| runtime().and_then(|rt| rt.block_on(run(args)))) {
-        Ok(code) => code,
+    match check(&args) {
+        Ok(()) => block_on(run(args)),
         Err(failure) => failure.report(),
     }
 }

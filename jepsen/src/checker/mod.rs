@@ -120,6 +120,21 @@ impl Verdict {
         self.valid = self.failures.is_empty();
     }
 
+    /// The anomalies that occurred, as `name=count, ...`, or `none`.
+    pub fn anomalies_found(&self) -> String {
+        let found: Vec<String> = self
+            .anomalies
+            .iter()
+            .filter(|(_, n)| **n > 0)
+            .map(|(name, n)| format!("{name}={n}"))
+            .collect();
+        if found.is_empty() {
+            "none".to_string()
+        } else {
+            found.join(", ")
+        }
+    }
+
     /// A Markdown table of verdicts: scenario, checker, ops, ok/fail/info, the anomalies that
     /// occurred (`name=count`), valid.
     pub fn markdown_table(verdicts: &[Verdict]) -> String {
@@ -127,12 +142,6 @@ impl Verdict {
             "| scenario | checker | ops | ok | fail | info | anomalies | valid |\n|---|---|---|---|---|---|---|---|\n",
         );
         for v in verdicts {
-            let found: Vec<String> = v
-                .anomalies
-                .iter()
-                .filter(|(_, n)| **n > 0)
-                .map(|(name, n)| format!("{name}={n}"))
-                .collect();
             out.push_str(&format!(
                 "| {} | {} | {} | {} | {} | {} | {} | {} |\n",
                 v.scenario,
@@ -141,11 +150,7 @@ impl Verdict {
                 v.ok,
                 v.fail,
                 v.info,
-                if found.is_empty() {
-                    "none".to_string()
-                } else {
-                    found.join(", ")
-                },
+                v.anomalies_found(),
                 if v.valid { "yes" } else { "**NO**" }
             ));
         }

@@ -1,0 +1,429 @@
+use openraft::impls::leader_id_adv::LeaderId as CommittedLeaderId;
+use openraft::vote::RaftLeaderId;
+use openraft::EntryPayload;
+
+use super::super::open_db;
+
+use super::*;
+use crate::state::{
+    Batch, Command, CreateSub, CreateTopic, NewRecord, ProducerSeq, Publish, Pull, Start, SubRef,
+    SubSettings, TopicSettings,
+};
+
+fn entry(index: u64, commands: Vec<Command>) -> Entry {
+    Entry {
+        log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+        payload: EntryPayload::Normal(LogPayload::V1(Batch {
+            timestamp_ms: 1_000 + index,
+            commands,
+        })),
+    }
+}
+
+fn publish(sequence: u64) -> Command {
+    Command::Publish(Publish {
+        topic: "t".into(),
+        records: vec![NewRecord {
+            key: None,
+            headers: vec![],
+            value: format!("v{sequence}").into_bytes(),
+        }],
+        producer: Some(ProducerSeq {
+            producer_id: "p".into(),
+            sequence,
+        }),
+    })
+}
+
+/// Producers, counters and subscriptions come back whole from the database after a
+/// restart and from a snapshot installed on a fresh node: deduplication and reports
+/// survive both.
+#[test]
+fn state_survives_reopen_and_snapshot_install() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = open_db(&dir.path().join("db")).expect("open db");
+    let shared = SmShared::open(db.clone(), dir.path().join("snapshots")).expect("open");
+    let entries = vec![
+        entry(
+            1,
+            vec![Command::CreateTopic(CreateTopic {
+                name: "t".into(),
+                settings: TopicSettings::default(),
+            })],
+        ),
+        entry(
+            2,
+            vec![Command::CreateSubscription(CreateSub {
+                topic: "t".into(),
+                name: "s".into(),
+                settings: SubSettings {
+                    start: Start::First,
+                    ack_timeout_ms: 1_000,
+                    max_deliveries: None,
+                    dead_letter_topic: None,
+                },
+            })],
+        ),
+        entry(3, vec![publish(0), publish(1), publish(0)]),
+        entry(
+            4,
+            vec![Command::Pull(Pull {
+                sub: SubRef {
+                    topic: "t".into(),
+                    name: "s".into(),
+                },
+                max: 1,
+                ack_timeout_ms: None,
+            })],
+        ),
+    ];
+    shared.apply_blocking(entries).expect("apply");
+    let want = shared.view().state.clone();
+    assert_eq!(
+        want.producers.get("t", "p").map(|p| p.next_sequence),
+        Some(2)
+    );
+    assert_eq!(want.topics["t"].counters.deduplicated, 1);
+    assert_eq!(want.subs.values().next().map(|s| s.leases.len()), Some(1));
+
+    // Restart: everything is rebuilt from the column family.
+    let reopened = load_view(&db).expect("reload");
+    assert_eq!(reopened.state, want);
+
+    // Snapshot, then install it on a fresh node.
+    let (_, path, _) =
+        snapshot::build(&db, &dir.path().join("snapshots"), 1).expect("build snapshot");
+    let other = tempfile::tempdir().expect("tempdir");
+    let db2 = open_db(&other.path().join("db")).expect("open db");
+    let fresh = SmShared::open(db2, other.path().join("snapshots")).expect("open");
+    fresh.load_snapshot(&path).expect("install");
+    assert_eq!(fresh.view().state, want);
+
+    // The installed node deduplicates a re-send exactly as the original would.
+    let resp = fresh
+        .apply_blocking(vec![entry(5, vec![publish(1)])])
+        .expect("apply");
+    assert_eq!(
+        resp[0].results[0],
+        Ok(crate::state::Outcome::Published {
+            first_offset: 1,
+            last_offset: 1,
+            duplicate: true
+        })
+    );
+}
+
+/// A record that cannot be read during apply (here: its stored bytes are garbage) fails
+/// the apply: nothing of the entry is written, the applied index does not move, and the
+/// in-memory state readers see is exactly what was applied before.
+#[test]
+fn an_unreadable_record_fails_the_apply_and_changes_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = open_db(&dir.path().join("db")).expect("open db");
+    let shared = SmShared::open(db.clone(), dir.path().join("snapshots")).expect("open");
+    let sub = SubRef {
+        topic: "t".into(),
+        name: "s".into(),
+    };
+    let topic = |name: &str| {
+        Command::CreateTopic(CreateTopic {
+            name: name.into(),
+            settings: TopicSettings::default(),
+        })
+    };
+    shared
+        .apply_blocking(vec![
+            entry(1, vec![topic("t"), topic("dlq")]),
+            entry(
+                2,
+                vec![Command::CreateSubscription(CreateSub {
+                    topic: "t".into(),
+                    name: "s".into(),
+                    settings: SubSettings {
+                        start: Start::First,
+                        ack_timeout_ms: 60_000,
+                        max_deliveries: None,
+                        dead_letter_topic: Some("dlq".into()),
+                    },
+                })],
+            ),
+            entry(3, vec![publish(0)]),
+        ])
+        .expect("apply");
+    let resp = shared
+        .apply_blocking(vec![entry(
+            4,
+            vec![Command::Pull(Pull {
+                sub: sub.clone(),
+                max: 1,
+                ack_timeout_ms: None,
+            })],
+        )])
+        .expect("apply");
+    let Ok(crate::state::Outcome::Pulled(deliveries)) = &resp[0].results[0] else {
+        panic!("pull answered {:?}", resp[0].results[0]);
+    };
+    let receipt = deliveries[0].receipt;
+    let before = shared.view().state.clone();
+    let digest = shared.digest().expect("digest");
+
+    // The record's stored bytes go bad.
+    let topic_id = before.topics["t"].id;
+    let cf = db.cf_handle(CF_SM).expect("sm");
+    db.put_cf(cf, keys::record(topic_id, 0), b"\x01garbage")
+        .expect("corrupt the record");
+    let digest_corrupt = shared.digest().expect("digest");
+
+    let nack = Command::SettleReceipts(crate::state::SettleReceipts {
+        sub,
+        action: crate::state::ReceiptAction::Nack {
+            delay_ms: 0,
+            dead_letter: true,
+        },
+        receipts: vec![receipt],
+    });
+    let err = shared
+        .apply_blocking(vec![entry(5, vec![nack])])
+        .expect_err("a dead letter of an unreadable record must fail the apply");
+    assert!(err.to_string().contains("cannot be trusted"), "{err}");
+    assert_eq!(shared.view().state, before, "the in-memory state moved");
+    assert_eq!(shared.view().commit_point.index, 4);
+    assert_eq!(
+        read_applied(&db).expect("applied").map(|l| l.index),
+        Some(4)
+    );
+    assert_ne!(digest, digest_corrupt);
+    assert_eq!(
+        shared.digest().expect("digest"),
+        digest_corrupt,
+        "something was written"
+    );
+}
+
+impl SmShared {
+    /// Loads snapshots in batches of `bytes` (tests: many batches from a small state).
+    fn set_load_batch_bytes(&self, bytes: usize) {
+        self.load_batch_bytes.store(bytes as u64, Ordering::Relaxed);
+    }
+}
+
+fn open_at(dir: &std::path::Path) -> Arc<SmShared> {
+    let db = open_db(&dir.join("db")).expect("open db");
+    SmShared::open(db, dir.join("snapshots")).expect("open state machine")
+}
+
+fn workload(shared: &SmShared, indexes: std::ops::RangeInclusive<u64>) {
+    for index in indexes {
+        let commands = if index == 1 {
+            vec![Command::CreateTopic(CreateTopic {
+                name: "t".into(),
+                settings: TopicSettings::default(),
+            })]
+        } else {
+            vec![publish(index - 2)]
+        };
+        shared
+            .apply_blocking(vec![entry(index, commands)])
+            .expect("apply");
+    }
+}
+
+/// A node that applied `entries` entries of [`workload`], in a directory of its own.
+fn node_with(entries: u64) -> (tempfile::TempDir, Arc<SmShared>) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let shared = open_at(dir.path());
+    workload(&shared, 1..=entries);
+    (dir, shared)
+}
+
+/// A leader with a snapshot of `entries` entries: its directory, its state machine, the
+/// snapshot's meta and file.
+fn leader_snapshot(
+    entries: u64,
+) -> (
+    tempfile::TempDir,
+    Arc<SmShared>,
+    snapshot::FileMeta,
+    PathBuf,
+) {
+    let (dir, leader) = node_with(entries);
+    let (meta, path) = leader.build_blocking().expect("leader snapshot");
+    (dir, leader, meta, path)
+}
+
+/// What is in the snapshot directory: complete snapshots (each verified) by index, and
+/// whether any temp file is left.
+fn snapshot_files(dir: &std::path::Path) -> (Vec<u64>, bool) {
+    let mut indexes = Vec::new();
+    let mut tmp = false;
+    for entry in std::fs::read_dir(dir.join("snapshots")).expect("snapshot dir") {
+        let path = entry.expect("entry").path();
+        let name = path.file_name().unwrap().to_string_lossy().to_string();
+        if name.ends_with(".tmp") {
+            tmp = true;
+        } else {
+            let meta = snapshot::verify(&path).expect("a complete snapshot verifies");
+            indexes.push(meta.last_log_id.map_or(0, |l| l.index));
+        }
+    }
+    indexes.sort();
+    (indexes, tmp)
+}
+
+/// A crash at each step of building a snapshot: the node restarts with exactly the state
+/// it had applied, every snapshot file left is complete (the old one, or the new one once
+/// renamed), temp files are cleared, and the next build succeeds.
+#[test]
+fn a_crash_at_each_step_of_a_snapshot_build_leaves_a_consistent_node() {
+    for point in crate::store::faults::BUILD {
+        let (dir, shared) = node_with(3);
+        shared.build_blocking().expect("first snapshot");
+        workload(&shared, 4..=6);
+        let want = shared.view().state.clone();
+        {
+            let _armed = crate::store::faults::arm(point);
+            assert!(shared.build_blocking().is_err(), "{point} did not fail");
+        }
+        drop(shared);
+
+        let (before, _) = snapshot_files(dir.path());
+        let reopened = open_at(dir.path());
+        assert_eq!(reopened.view().state, want, "{point}: state after restart");
+        assert_eq!(reopened.view().commit_point.index, 6, "{point}");
+        let (after, tmp) = snapshot_files(dir.path());
+        assert!(!tmp, "{point}: a temp file survived the restart");
+        assert_eq!(before, after, "{point}");
+        let renamed = point == crate::store::faults::BUILD_RENAMED;
+        let newest = if renamed { 6 } else { 3 };
+        assert_eq!(after.last(), Some(&newest), "{point}: {after:?}");
+        assert_eq!(reopened.snapshot_info().map(|(i, _)| i), Some(newest));
+        let (meta, _) = reopened.build_blocking().expect("a build after the crash");
+        assert_eq!(meta.last_log_id.map(|l| l.index), Some(6));
+    }
+}
+
+/// A crash at each step of receiving and installing a snapshot: the node restarts with
+/// either its own old state or exactly the snapshot's (once the snapshot file is durable
+/// under its final name, start-up finishes the install), never a mix.
+#[test]
+fn a_crash_at_each_step_of_a_snapshot_install_leaves_a_consistent_node() {
+    let (_leader_dir, leader, meta, path) = leader_snapshot(8);
+    let leader_state = leader.view().state.clone();
+
+    for point in crate::store::faults::INSTALL {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let follower = open_at(dir.path());
+        // Small batches: a crash can stop a load between two of them.
+        follower.set_load_batch_bytes(64);
+        workload(&follower, 1..=2);
+        let old_state = follower.view().state.clone();
+        {
+            let _armed = crate::store::faults::arm(point);
+            let mut src = std::fs::File::open(&path).expect("snapshot file");
+            assert!(
+                follower
+                    .install_blocking(&mut src, &meta.raft_meta())
+                    .is_err(),
+                "{point} did not fail"
+            );
+        }
+        drop(follower);
+
+        let reopened = open_at(dir.path());
+        let durable = !matches!(
+            point,
+            crate::store::faults::RECEIVE_WRITTEN | crate::store::faults::RECEIVE_SYNCED
+        );
+        let (files, tmp) = snapshot_files(dir.path());
+        assert!(!tmp, "{point}: a temp file survived the restart");
+        if durable {
+            assert_eq!(reopened.view().state, leader_state, "{point}");
+            assert_eq!(reopened.view().commit_point.index, 8, "{point}");
+            assert_eq!(files, vec![8], "{point}");
+        } else {
+            assert_eq!(reopened.view().state, old_state, "{point}");
+            assert_eq!(reopened.view().commit_point.index, 2, "{point}");
+            assert!(files.is_empty(), "{point}: {files:?}");
+        }
+        // And the install goes through when tried again.
+        let mut src = std::fs::File::open(&path).expect("snapshot file");
+        reopened
+            .install_blocking(&mut src, &meta.raft_meta())
+            .expect("install after restart");
+        assert_eq!(reopened.view().state, leader_state, "{point}");
+    }
+}
+
+/// A build that started before a newer snapshot was installed, and finishes after, must
+/// neither replace nor delete the installed one: the node keeps the newer snapshot (the
+/// log before it may already be purged).
+#[test]
+fn a_build_that_finishes_after_an_install_keeps_the_newer_snapshot() {
+    let (_leader_dir, _leader, meta, path) = leader_snapshot(8);
+    let (dir, follower) = node_with(2);
+    // The build takes its view and writes its file (index 2)...
+    let view = follower.db.snapshot();
+    let (built, built_path, bytes) =
+        snapshot::build_from(&follower.db, &view, &dir.path().join("snapshots"), 1).expect("build");
+    drop(view);
+    // ...meanwhile the leader's snapshot (index 8) is installed...
+    let mut src = std::fs::File::open(&path).expect("snapshot file");
+    follower
+        .install_blocking(&mut src, &meta.raft_meta())
+        .expect("install");
+    // ...and then the build finishes.
+    let (kept, kept_path) = follower.adopt_built(built, built_path, bytes);
+    assert_eq!(kept.last_log_id.map(|l| l.index), Some(8));
+    assert!(kept_path.is_file(), "the installed snapshot was deleted");
+    assert_eq!(follower.snapshot_info().map(|(i, _)| i), Some(8));
+    let (files, tmp) = snapshot_files(dir.path());
+    assert_eq!(
+        files,
+        vec![8],
+        "the stale build must be gone, the install kept"
+    );
+    assert!(!tmp);
+    drop(follower);
+    assert_eq!(open_at(dir.path()).snapshot_info().map(|(i, _)| i), Some(8));
+}
+
+/// A received snapshot that is not the one announced (another last log id or membership)
+/// is refused before it gets a snapshot's name: nothing is installed now, and nothing is
+/// loaded at the next start.
+#[test]
+fn a_received_snapshot_that_fails_its_checks_is_never_stored() {
+    let (_leader_dir, _leader, meta, path) = leader_snapshot(8);
+    let (dir, follower) = node_with(2);
+    let old_state = follower.view().state.clone();
+    let mut announced = meta.raft_meta();
+    announced.last_log_id = Some(LogId::new(CommittedLeaderId::new(1, 1), 9));
+    let mut src = std::fs::File::open(&path).expect("snapshot file");
+    let err = follower
+        .install_blocking(&mut src, &announced)
+        .expect_err("a snapshot that is not the one announced");
+    assert!(err.to_string().contains("announced"), "{err}");
+    assert_eq!(snapshot_files(dir.path()), (vec![], false));
+    assert_eq!(follower.view().state, old_state);
+    drop(follower);
+    let reopened = open_at(dir.path());
+    assert_eq!(reopened.view().state, old_state, "loaded at the next start");
+    assert_eq!(reopened.view().commit_point.index, 2);
+}
+
+/// Loading a snapshot writes it in bounded batches, not one batch holding the whole
+/// state, and still ends with exactly the snapshot's state.
+#[test]
+fn a_snapshot_loads_in_bounded_batches() {
+    let (_leader_dir, leader, _, path) = leader_snapshot(200);
+    let want = leader.view().state.clone();
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = open_db(&dir.path().join("db")).expect("open db");
+    let limit = 1024;
+    let (_, stats) = snapshot::load_into_with(&db, &path, limit).expect("load");
+    assert!(stats.pairs > 200, "{stats:?}");
+    assert!(stats.batches >= stats.pairs / 40, "{stats:?}");
+    assert!(stats.largest_batch_bytes < 2 * limit, "{stats:?}");
+    assert_eq!(snapshot::interrupted_load(&db).expect("marker"), None);
+    assert_eq!(load_view(&db).expect("view").state, want);
+}
