@@ -248,11 +248,7 @@ async fn topics_publish_and_read_round_trip() {
 async fn writes_to_a_follower_redirect_to_the_leader() {
     let c = Cluster::start(3).await;
     let leader = c.leader_id().await;
-    let followers: Vec<u64> = c
-        .running_ids()
-        .into_iter()
-        .filter(|id| *id != leader)
-        .collect();
+    let followers = c.running_except(leader);
     let (f1, f2) = (followers[0], followers[1]);
     let (lurl, furl) = (c.url(leader), c.url(f1));
     let http = c.http();
@@ -522,10 +518,7 @@ async fn leader_without_quorum_refuses_writes_and_is_not_ready() {
     c.create_topic(topic).await;
     c.publish_values(topic, &["l/0".to_string()]).await;
     c.wait_converged(topic).await;
-    let leader = c.leader_id().await;
-    for id in c.running_ids().into_iter().filter(|id| *id != leader) {
-        c.kill(id);
-    }
+    let (leader, _) = c.isolate_leader().await;
 
     let cl = &c;
     c.wait_for(
@@ -587,15 +580,7 @@ async fn without_quorum_nothing_is_acknowledged_or_visible() {
     c.publish_values(topic, &before).await;
     c.wait_converged(topic).await;
 
-    let leader = c.leader_id().await;
-    let followers: Vec<u64> = c
-        .running_ids()
-        .into_iter()
-        .filter(|id| *id != leader)
-        .collect();
-    for id in &followers {
-        c.kill(*id);
-    }
+    let (leader, followers) = c.isolate_leader().await;
 
     // A publish to the isolated leader: it may append the entry but can never commit it.
     let request = c
@@ -626,15 +611,7 @@ async fn without_quorum_nothing_is_acknowledged_or_visible() {
             if pending_ref.is_finished() {
                 return Ok(());
             }
-            let status = cl.status(leader).await?;
-            let own = status.matched_index(leader);
-            match own {
-                Some(last) if last > status.commit_index => Ok(()),
-                _ => Err(format!(
-                    "leader log end {own:?}, commit index {}",
-                    status.commit_index
-                )),
-            }
+            cl.appended_beyond_commit(leader).await
         },
     )
     .await;

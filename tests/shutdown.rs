@@ -237,16 +237,8 @@ async fn shutdown_with_an_uncommittable_write_is_slower_but_bounded() {
     c.create_topic(topic).await;
     c.publish_values(topic, &["k/0".to_string()]).await;
     c.wait_converged(topic).await;
-    let leader = c.leader_id().await;
+    let (leader, _) = c.isolate_leader().await;
     let url = c.url(leader);
-    let followers: Vec<u64> = c
-        .running_ids()
-        .into_iter()
-        .filter(|id| *id != leader)
-        .collect();
-    for id in &followers {
-        c.kill(*id);
-    }
 
     // A write the isolated leader can append but never commit, and a long-poll; both open
     // when the SIGTERM arrives.
@@ -280,15 +272,7 @@ async fn shutdown_with_an_uncommittable_write_is_slower_but_bounded() {
             if write_ref.is_finished() {
                 return Err("the write was answered before the shutdown".to_string());
             }
-            let status = cl.status(leader).await?;
-            let own = status.matched_index(leader);
-            match own {
-                Some(end) if end > status.commit_index => Ok(()),
-                _ => Err(format!(
-                    "log end {own:?}, commit index {}",
-                    status.commit_index
-                )),
-            }
+            cl.appended_beyond_commit(leader).await
         },
     )
     .await;

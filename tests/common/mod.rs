@@ -976,6 +976,38 @@ impl Cluster {
         }
     }
 
+    /// The running nodes other than `node`.
+    pub fn running_except(&self, node: u64) -> Vec<u64> {
+        let mut ids = self.running_ids();
+        ids.retain(|id| *id != node);
+        ids
+    }
+
+    /// Kills every node but the leader, which is then alone: it may append entries but can
+    /// never commit them. Returns the leader and the nodes killed.
+    pub async fn isolate_leader(&self) -> (u64, Vec<u64>) {
+        let leader = self.leader_id().await;
+        let followers = self.running_except(leader);
+        for id in &followers {
+            self.kill(*id);
+        }
+        (leader, followers)
+    }
+
+    /// `Ok` when leader `id`'s own log (as its `/v1/cluster` says) ends beyond its commit
+    /// index: it appended an entry it has not committed.
+    pub async fn appended_beyond_commit(&self, id: u64) -> Result<(), String> {
+        let status = self.status(id).await?;
+        let own = status.matched_index(id);
+        match own {
+            Some(end) if end > status.commit_index => Ok(()),
+            _ => Err(format!(
+                "log end {own:?}, commit index {}",
+                status.commit_index
+            )),
+        }
+    }
+
     /// `{method} {path}` without a body to node `node`; the raw answer.
     pub async fn call(&self, method: reqwest::Method, node: u64, path: &str) -> reqwest::Response {
         let what = format!("{method} {path} on node {node}");
