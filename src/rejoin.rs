@@ -8,7 +8,7 @@
 //! come back.
 //!
 //! The protocol (node side in [`rejoin`], leader side in [`demote`] and [`promote`]):
-//! 1. At start-up the node finds its store damaged or lost (`node::check_store`): it sets the
+//! 1. At start-up the node finds its store damaged or lost (`server::store_check`): it sets the
 //!    damaged store aside (`DataDir::set_aside`, kept for inspection), starts from an empty one,
 //!    and records that it is rejoining (the `REJOINING` file), before anything else.
 //! 2. Before it starts Raft, it asks the current leader to make it a learner (`/raft/rejoin`):
@@ -257,4 +257,44 @@ pub async fn promote(node: &Node, id: NodeId) -> Result<(), String> {
         .map_err(|e| format!("cannot make node {id} a voter: {e}"))?;
     tracing::info!(node = id, voters = ?all, "node {id} caught up and is a voter again");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The `REJOINING` file as today's code writes it: it reads back, and writes again byte for
+    /// byte, so a node that crashed mid-rejoin under an older version finishes under a newer one.
+    #[test]
+    fn the_marker_file_reads_back_and_writes_again_byte_for_byte() {
+        const WRITTEN: &str = r#"{
+  "reason": "a table file fails its checks: Corruption: block checksum mismatch",
+  "kept": "/data/damaged-1764480000",
+  "grant": {
+    "term": 7,
+    "leader_id": 2,
+    "index": 42
+  }
+}"#;
+        let marker: Marker = serde_json::from_str(WRITTEN).expect("the marker reads");
+        assert_eq!(
+            marker,
+            Marker {
+                reason: "a table file fails its checks: Corruption: block checksum mismatch".into(),
+                kept: "/data/damaged-1764480000".into(),
+                grant: Some(Grant {
+                    term: 7,
+                    leader_id: 2,
+                    index: 42,
+                }),
+            }
+        );
+        let dir = tempfile::tempdir().expect("tempdir");
+        record(dir.path(), &marker).expect("record");
+        let again = std::fs::read_to_string(dir.path().join(MARKER)).expect("read");
+        assert_eq!(again, WRITTEN, "the marker's encoding changed");
+        assert_eq!(pending(dir.path()).expect("pending"), Some(marker));
+        finish(dir.path()).expect("finish");
+        assert_eq!(pending(dir.path()).expect("pending"), None);
+    }
 }

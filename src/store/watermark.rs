@@ -14,7 +14,7 @@
 //! - the last log index known fsynced, lazily: after the log's WAL fsyncs, at most every
 //!   [`LAZY_EVERY`], on a thread of its own, never on the write path (so it lags behind the
 //!   log by at most that, and a loss of only the last moment's entries is caught by the
-//!   leader's record of what this node acknowledged instead; see `node::check_store`);
+//!   leader's record of what this node acknowledged instead; see `server::store_check`);
 //! - a lower log index, synchronously, before the log is truncated (a follower's
 //!   uncommitted tail replaced by the leader's log), so the watermark never claims entries that
 //!   were removed on purpose.
@@ -318,6 +318,27 @@ mod tests {
             log_index,
             vote_term,
         }
+    }
+
+    /// A slot of the `DURABLE` file as today's code writes it (format 1): it reads back, and
+    /// writes again byte for byte. A new layout gets a new format number beside this one.
+    #[test]
+    fn a_slot_reads_back_and_writes_again_byte_for_byte() {
+        const SLOT: &str = concat!(
+            "57445152010000000900000000000000",
+            "2a000000000000000700000000000000e64dcb2400000000",
+        );
+        let bytes = crate::codec::unhex(SLOT);
+        let marks = Marks {
+            log_index: 42,
+            vote_term: 7,
+        };
+        assert_eq!(decode(&bytes), Some((9, marks)));
+        assert_eq!(
+            encode(9, marks).to_vec(),
+            bytes,
+            "the slot's layout changed"
+        );
     }
 
     #[test]
