@@ -1,0 +1,248 @@
+//! The JSON types of the public HTTP API (API.md), shared by the server and the SDK.
+//!
+//! These types are a compatibility promise to every client: field names and meanings follow
+//! API.md exactly. They are deliberately separate from the server's Raft log types, which are
+//! bincode on disk and versioned on their own.
+
+mod cluster;
+mod problem;
+mod reports;
+mod subscriptions;
+
+pub use cluster::*;
+pub use problem::*;
+pub use reports::*;
+pub use subscriptions::*;
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// Longest topic or subscription name.
+pub const MAX_NAME_LEN: usize = 128;
+/// Most records in one publish request.
+pub const MAX_BATCH_RECORDS: usize = 10_000;
+/// Most headers on one record.
+pub const MAX_RECORD_HEADERS: usize = 128;
+/// Longest header name of a record, in bytes (values count towards the record's size).
+pub const MAX_HEADER_NAME_BYTES: usize = 256;
+/// Longest record key, in bytes.
+pub const MAX_KEY_BYTES: usize = 4096;
+/// Most records one read returns.
+pub const MAX_READ_RECORDS: u64 = 10_000;
+/// Longest long-poll a read may ask for.
+pub const MAX_WAIT_MS: u64 = 30_000;
+
+/// The rule of [`is_valid_name`] as a regular expression (ECMA-262, as OpenAPI schemas use).
+pub const NAME_PATTERN: &str = "^[A-Za-z0-9._-]{1,128}$";
+
+/// True when `name` is a valid topic or subscription name: `[A-Za-z0-9._-]{1,128}`.
+pub fn is_valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_NAME_LEN
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
+}
+
+/// A record as a producer sends it: exactly one of `value` (UTF-8 text) or `value_b64`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct RecordIn {
+    /// The value as UTF-8 text. Exactly one of `value` and `value_b64`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    /// The value as standard base64, for binary values. Exactly one of `value` and `value_b64`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(format = Byte, content_encoding = "base64"))]
+    pub value_b64: Option<String>,
+    /// At most 4,096 bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(max_length = 4096))]
+    pub key: Option<String>,
+    /// At most 128 headers; names are 1 to 256 bytes.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, String>,
+}
+
+impl RecordIn {
+    /// A record with a UTF-8 text value.
+    pub fn text(value: impl Into<String>) -> Self {
+        RecordIn {
+            value: Some(value.into()),
+            ..Default::default()
+        }
+    }
+
+    /// A record with a binary value (sent as base64).
+    pub fn binary(value: &[u8]) -> Self {
+        use base64::Engine as _;
+        RecordIn {
+            value_b64: Some(base64::engine::general_purpose::STANDARD.encode(value)),
+            ..Default::default()
+        }
+    }
+
+    /// Sets the record's key.
+    pub fn with_key(mut self, key: impl Into<String>) -> Self {
+        self.key = Some(key.into());
+        self
+    }
+
+    /// Adds one header.
+    pub fn with_header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.headers.insert(name.into(), value.into());
+        self
+    }
+}
+
+/// Body of `POST /v1/topics/{topic}/records`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct PublishRequest {
+    #[cfg_attr(feature = "openapi", schema(min_items = 1, max_items = 10000))]
+    pub records: Vec<RecordIn>,
+    /// With `sequence`, makes the batch idempotent: a name like a topic's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(pattern = "^[A-Za-z0-9._-]{1,128}$"))]
+    pub producer_id: Option<String>,
+    /// The producer's batch number on this topic (0, 1, 2, ...); only with `producer_id`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sequence: Option<u64>,
+}
+
+/// Milliseconds since the Unix epoch (as in [`CommitPoint::timestamp_ms`]) as an RFC 3339 UTC
+/// time, e.g. `2025-11-30T05:20:00.123Z`.
+pub fn utc_time(ms: u64) -> String {
+    let secs = ms / 1000;
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3_600,
+        rem % 3_600 / 60,
+        rem % 60,
+        ms % 1000
+    )
+}
+
+/// The last applied log entry and its leader timestamp: everything up to it is durable.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct CommitPoint {
+    pub index: u64,
+    pub timestamp_ms: u64,
+}
+
+/// Answer to a publish.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct PublishResponse {
+    pub first_offset: u64,
+    pub last_offset: u64,
+    pub duplicate: bool,
+    pub commit_point: CommitPoint,
+}
+
+/// A record as returned by a read: `value` when the bytes are UTF-8, `value_b64` otherwise.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Record {
+    pub offset: u64,
+    pub timestamp_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(required = true))]
+    pub headers: BTreeMap<String, String>,
+    /// The value, when it is UTF-8 text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    /// The value as standard base64, when it is not UTF-8 text (instead of `value`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(format = Byte, content_encoding = "base64"))]
+    pub value_b64: Option<String>,
+}
+
+/// A value's bytes from the API's `value` (UTF-8 text) or `value_b64` (base64) field.
+fn value_bytes(value: &Option<String>, value_b64: &Option<String>) -> Vec<u8> {
+    use base64::Engine as _;
+    match (value, value_b64) {
+        (Some(text), _) => text.as_bytes().to_vec(),
+        (None, Some(b64)) => base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .unwrap_or_default(),
+        (None, None) => Vec::new(),
+    }
+}
+
+impl Record {
+    /// The value's bytes, whichever way they were sent.
+    pub fn value_bytes(&self) -> Vec<u8> {
+        value_bytes(&self.value, &self.value_b64)
+    }
+}
+
+/// Answer to `GET /v1/topics/{topic}/records`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ReadResponse {
+    pub records: Vec<Record>,
+    pub next_offset: u64,
+    pub high_watermark: u64,
+    pub skipped: u64,
+}
+
+/// Where a read starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadFrom {
+    /// A given offset.
+    Offset(u64),
+    /// The topic's first retained record.
+    First,
+    /// The last record.
+    Last,
+    /// Only records published after the call.
+    Next,
+}
+
+impl fmt::Display for ReadFrom {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ReadFrom::Offset(n) => write!(f, "{n}"),
+            ReadFrom::First => f.write_str("first"),
+            ReadFrom::Last => f.write_str("last"),
+            ReadFrom::Next => f.write_str("next"),
+        }
+    }
+}
+
+impl std::str::FromStr for ReadFrom {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "first" => Ok(ReadFrom::First),
+            "last" => Ok(ReadFrom::Last),
+            "next" => Ok(ReadFrom::Next),
+            n => n.parse::<u64>().map(ReadFrom::Offset).map_err(|_| {
+                format!("`from` must be an offset, `first`, `last` or `next`, not {n:?}")
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
