@@ -61,6 +61,11 @@ pub fn decode_versioned<T: DeserializeOwned>(version: u8, bytes: &[u8]) -> Resul
     }
 }
 
+/// Lowercase hex digits of `bytes` (token hashes; stored bytes held as text by tests).
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// Bytes from hex digits, for tests that hold stored bytes as text.
 #[cfg(test)]
 pub fn unhex(s: &str) -> Vec<u8> {

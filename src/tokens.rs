@@ -30,6 +30,8 @@ use anyhow::{anyhow, bail, Context};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
+use crate::codec::hex;
+
 /// What a grant allows on the topics it covers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
@@ -162,10 +164,6 @@ struct TokenConfig {
 /// SHA-256 of a token, as the tokens file holds it (lowercase hex).
 pub fn token_hash_hex(token: &str) -> String {
     hex(&Sha256::digest(token.as_bytes()))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn parse_hash(text: &str) -> Option<[u8; 32]> {

@@ -193,10 +193,6 @@ mod tests {
         "302e302e313a3730303300",
     );
 
-    fn to_hex(bytes: &[u8]) -> String {
-        bytes.iter().map(|b| format!("{b:02x}")).collect()
-    }
-
     /// Decodes `hex` as a `T` that has no `PartialEq`, checks it reads as `want` (by its
     /// `Debug`) and that it encodes again to the same bytes.
     fn same_wire<T>(hex: &str, want: &T)
@@ -207,17 +203,17 @@ mod tests {
         assert!(
             !hex.is_empty(),
             "no bytes pinned yet; today's are {}",
-            to_hex(&today)
+            codec::hex(&today)
         );
         let bytes = codec::unhex(hex);
         let got: T = codec::decode(&bytes).expect("pinned bytes decode");
         assert_eq!(format!("{got:?}"), format!("{want:?}"));
         assert_eq!(
-            to_hex(&codec::encode(&got).expect("encode")),
+            codec::hex(&codec::encode(&got).expect("encode")),
             hex,
             "encoding changed"
         );
-        assert_eq!(to_hex(&today), hex, "encoding changed");
+        assert_eq!(codec::hex(&today), hex, "encoding changed");
     }
 
     /// Node-to-node RPC bodies as today's code encodes them (bincode through `codec`, as
@@ -284,7 +280,7 @@ mod tests {
         };
         let framed = header.frame().expect("frame");
         assert_eq!(
-            to_hex(&framed),
+            codec::hex(&framed),
             HEX_SNAPSHOT_HEADER,
             "snapshot header frame changed"
         );

@@ -84,10 +84,6 @@ fn round_trip(kind: &str, bytes: &[u8]) -> Result<Vec<u8>, String> {
     }
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 /// The fixture's lines: kind, bytes.
 fn read_fixture() -> Vec<(String, Vec<u8>)> {
     let text = std::fs::read_to_string(fixture()).expect("tests/fixtures/formats.txt");
@@ -109,8 +105,8 @@ fn stored_bytes_of_every_kind_read_back_and_write_again_byte_for_byte() {
             Ok(again) if &again == bytes => {}
             Ok(again) => failures.push(format!(
                 "line {n} ({kind}): written again as {} instead of {}",
-                hex(&again),
-                hex(bytes)
+                codec::hex(&again),
+                codec::hex(bytes)
             )),
             Err(e) => failures.push(format!("line {n} ({kind}): cannot be read: {e}")),
         }
@@ -211,7 +207,7 @@ fn capture() {
     for (kind, values) in found {
         for v in values {
             round_trip(&kind, &v).expect("a captured value round-trips");
-            out.push_str(&format!("{kind} {}\n", hex(&v)));
+            out.push_str(&format!("{kind} {}\n", codec::hex(&v)));
         }
     }
     std::fs::write(fixture(), out).expect("write the fixture");
