@@ -503,7 +503,7 @@ pub async fn read(
         })?;
         if from < hw {
             let rows = node
-                .read_records(&meta, from..hw, (p.max, p.max_bytes))
+                .read_records(&meta, from..hw, p.max, p.max_bytes)
                 .map_err(|e| ApiError::internal(format!("reading records: {e}")))?;
             let next_offset = rows.last().map_or(from, |(o, _)| o + 1);
             let records = rows.into_iter().map(|(o, r)| to_api(o, r)).collect();

@@ -405,7 +405,8 @@ fn messages(
             .read_records(
                 &meta,
                 from..from.saturating_add(run as u64),
-                (run as u64, u64::MAX),
+                run as u64,
+                u64::MAX,
             )
             .map_err(|e| ApiError::internal(format!("reading records from {from}: {e}")))?;
         let mut rows = rows.into_iter().peekable();

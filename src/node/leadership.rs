@@ -4,8 +4,6 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use openraft::async_runtime::watch::WatchReceiver as _;
-
 use super::{Node, WriteError};
 use crate::raft::network::SECRET_HEADER;
 use crate::raft::{NodeId, ELECTION_TIMEOUT_MAX_MS};
@@ -63,19 +61,18 @@ impl Node {
         self.raft.runtime_config().heartbeat(false);
         let paused = Instant::now();
         self.hand_over(target, url, paused, deadline).await;
-        let mut rx = self.raft.metrics();
-        loop {
-            let leader = rx.borrow_watched().current_leader;
-            match leader {
-                Some(id) if id != self.id => return Ok(id),
-                _ => {}
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() || tokio::time::timeout(left, rx.changed()).await.is_err() {
-                return Err(WriteError::Unavailable(format!(
-                    "node {target} did not take over within 10 s; this node still leads"
-                )));
-            }
+        let mut new_leader = None;
+        let taken_over = self
+            .wait_metrics(deadline, |m| {
+                new_leader = m.current_leader.filter(|id| *id != self.id);
+                new_leader.is_some()
+            })
+            .await;
+        match new_leader {
+            Some(id) if taken_over => Ok(id),
+            _ => Err(WriteError::Unavailable(format!(
+                "node {target} did not take over within 10 s; this node still leads"
+            ))),
         }
     }
 
@@ -134,27 +131,17 @@ impl Node {
     /// On the leader: waits until every voter has replicated the whole log (bounded), so
     /// handing over loses nothing and the next leader can be elected without catching up.
     pub(crate) async fn wait_followers_caught_up(&self, deadline: Instant) {
-        let mut rx = self.raft.metrics();
         let bound = (Instant::now() + Duration::from_secs(3)).min(deadline);
-        loop {
-            let done = {
-                let m = rx.borrow_watched();
-                let last = m.last_log_index;
-                match &m.replication {
-                    Some(repl) => repl
-                        .iter()
-                        .all(|(_, matched)| matched.map(|l| l.index) >= last),
-                    None => true,
-                }
-            };
-            if done {
-                return;
-            }
-            let left = bound.saturating_duration_since(Instant::now());
-            if left.is_zero() || tokio::time::timeout(left, rx.changed()).await.is_err() {
-                tracing::warn!("followers not fully caught up at leader shutdown");
-                return;
-            }
+        let caught_up = self
+            .wait_metrics(bound, |m| match &m.replication {
+                Some(repl) => repl
+                    .iter()
+                    .all(|(_, matched)| matched.map(|l| l.index) >= m.last_log_index),
+                None => true,
+            })
+            .await;
+        if !caught_up {
+            tracing::warn!("followers not fully caught up at leader shutdown");
         }
     }
 }

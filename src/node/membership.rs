@@ -75,28 +75,26 @@ impl Node {
     /// Waits until `id` has replicated the leader's log as it was when the wait began (at most
     /// [`CATCH_UP_TIMEOUT`]).
     pub async fn wait_caught_up(&self, id: NodeId) -> Result<(), WriteError> {
-        let mut rx = self.raft.metrics();
-        let target = rx.borrow_watched().last_log_index;
+        let target = self.raft.metrics().borrow_watched().last_log_index;
         let deadline = Instant::now() + CATCH_UP_TIMEOUT;
-        loop {
-            let matched = rx
-                .borrow_watched()
-                .replication
-                .as_ref()
-                .and_then(|r| r.get(&id).copied().flatten())
-                .map(|l| l.index);
-            if matched >= target {
-                return Ok(());
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() || tokio::time::timeout(left, rx.changed()).await.is_err() {
-                return Err(WriteError::TimedOut(format!(
-                    "node {id} is a learner now but has not caught up after {} s (at {matched:?} \
-                     of {target:?}); check that it runs and is reachable, then add it again to \
-                     wait more",
-                    CATCH_UP_TIMEOUT.as_secs()
-                )));
-            }
+        let mut matched = None;
+        let caught_up = self
+            .wait_metrics(deadline, |m| {
+                matched = m
+                    .replication
+                    .as_ref()
+                    .and_then(|r| r.get(&id).copied().flatten())
+                    .map(|l| l.index);
+                matched >= target
+            })
+            .await;
+        if caught_up {
+            return Ok(());
         }
+        Err(WriteError::TimedOut(format!(
+            "node {id} is a learner now but has not caught up after {} s (at {matched:?} of \
+             {target:?}); check that it runs and is reachable, then add it again to wait more",
+            CATCH_UP_TIMEOUT.as_secs()
+        )))
     }
 }

@@ -189,10 +189,10 @@ impl Node {
         &self,
         topic: &TopicMeta,
         offsets: std::ops::Range<u64>,
-        (max, max_bytes): (u64, u64),
+        max: u64,
+        max_bytes: u64,
     ) -> Result<Vec<(u64, StoredRecord)>, String> {
-        let std::ops::Range { start, end } = offsets;
-        self.sm.read_records(topic, start, end, max, max_bytes)
+        self.sm.read_records(topic, offsets, max, max_bytes)
     }
 
     /// A digest of the whole applied state and the index it is as of (read off the request's
@@ -250,6 +250,27 @@ impl Node {
                     .map(|(id, l)| (*id, l.as_ref().map(|l| l.index)))
                     .collect()
             }),
+        }
+    }
+
+    /// Waits until `done` holds for Raft's metrics, or `deadline` passes, or Raft stops (no
+    /// change can come any more); whether it held.
+    async fn wait_metrics(
+        &self,
+        deadline: std::time::Instant,
+        mut done: impl FnMut(&openraft::RaftMetrics<crate::raft::TypeConfig>) -> bool,
+    ) -> bool {
+        let mut rx = self.raft.metrics();
+        loop {
+            if done(&rx.borrow_watched()) {
+                return true;
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero()
+                || !matches!(tokio::time::timeout(left, rx.changed()).await, Ok(Ok(())))
+            {
+                return false;
+            }
         }
     }
 

@@ -184,16 +184,16 @@ impl SmShared {
             .map(|c| (c.meta.last_log_id.as_ref().map_or(0, |l| l.index), c.bytes))
     }
 
-    /// Reads stored records of `topic` from `from` up to (excluding) `end`: at most `max`
-    /// records and, after the first, at most `max_bytes` of values.
+    /// Reads stored records of `topic` at `offsets`: at most `max` records and, after the
+    /// first, at most `max_bytes` of values.
     pub fn read_records(
         &self,
         topic: &TopicMeta,
-        from: u64,
-        end: u64,
+        offsets: std::ops::Range<u64>,
         max: u64,
         max_bytes: u64,
     ) -> Result<Vec<(u64, StoredRecord)>, String> {
+        let std::ops::Range { start: from, end } = offsets;
         let cf = self.db.cf_handle(CF_SM).ok_or("column family sm missing")?;
         let start = keys::record(topic.id, from);
         let mut out = Vec::new();
