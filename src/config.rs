@@ -337,36 +337,34 @@ impl ServeArgs {
             .snapshot_keep_logs
             .or(file.snapshot_keep_logs)
             .unwrap_or(1_000);
-        let write_buffer_bytes = self
-            .write_buffer_bytes
-            .or(file.write_buffer_bytes)
-            .unwrap_or(64 << 20);
-        if !(64 << 10..=1 << 30).contains(&write_buffer_bytes) {
-            bail!("write_buffer_bytes must be between 64 KiB and 1 GiB, not {write_buffer_bytes}");
-        }
-        let max_entry_commands = self
-            .max_entry_commands
-            .or(file.max_entry_commands)
-            .unwrap_or(DEFAULT_MAX_ENTRY_COMMANDS);
-        if !(1..=MAX_ENTRY_COMMANDS).contains(&max_entry_commands) {
-            bail!(
-                "max_entry_commands must be between 1 and {MAX_ENTRY_COMMANDS}, not {max_entry_commands}"
-            );
-        }
-        let max_body_bytes = self
-            .max_body_bytes
-            .or(file.max_body_bytes)
-            .unwrap_or(32 << 20);
-        if !(1 << 20..=1 << 30).contains(&max_body_bytes) {
-            bail!("max_body_bytes must be between 1 MiB and 1 GiB, not {max_body_bytes}");
-        }
-        let max_requests_in_flight = self
-            .max_requests_in_flight
-            .or(file.max_requests_in_flight)
-            .unwrap_or(4_096);
-        if !(1..=1 << 20).contains(&max_requests_in_flight) {
-            bail!("max_requests_in_flight must be between 1 and 1048576, not {max_requests_in_flight}");
-        }
+        let write_buffer_bytes = within(
+            "write_buffer_bytes",
+            self.write_buffer_bytes.or(file.write_buffer_bytes),
+            64 << 20,
+            (64 << 10, 1 << 30),
+            "64 KiB and 1 GiB",
+        )?;
+        let max_entry_commands = within(
+            "max_entry_commands",
+            self.max_entry_commands.or(file.max_entry_commands),
+            DEFAULT_MAX_ENTRY_COMMANDS,
+            (1, MAX_ENTRY_COMMANDS),
+            &format!("1 and {MAX_ENTRY_COMMANDS}"),
+        )?;
+        let max_body_bytes = within(
+            "max_body_bytes",
+            self.max_body_bytes.or(file.max_body_bytes),
+            32 << 20,
+            (1 << 20, 1 << 30),
+            "1 MiB and 1 GiB",
+        )?;
+        let max_requests_in_flight = within(
+            "max_requests_in_flight",
+            self.max_requests_in_flight.or(file.max_requests_in_flight),
+            4_096,
+            (1, 1 << 20),
+            "1 and 1048576",
+        )?;
         let max_body_bytes_in_flight = self
             .max_body_bytes_in_flight
             .or(file.max_body_bytes_in_flight)
@@ -377,10 +375,13 @@ impl ServeArgs {
                  ({max_body_bytes}), or no request of the largest size could ever be admitted, and at most 1 TiB"
             );
         }
-        let max_long_polls = self.max_long_polls.or(file.max_long_polls).unwrap_or(1_024);
-        if !(1..=1 << 20).contains(&max_long_polls) {
-            bail!("max_long_polls must be between 1 and 1048576, not {max_long_polls}");
-        }
+        let max_long_polls = within(
+            "max_long_polls",
+            self.max_long_polls.or(file.max_long_polls),
+            1_024,
+            (1, 1 << 20),
+            "1 and 1048576",
+        )?;
         let tls_cert = self.tls_cert.clone().or(file.tls_cert);
         let tls_key = self.tls_key.clone().or(file.tls_key);
         let tls_ca = self.tls_ca.clone().or(file.tls_ca);
@@ -435,6 +436,22 @@ impl ServeArgs {
             peer_http,
         })
     }
+}
+
+/// A setting's value (`given`, or `default`), refused with an error naming it unless it lies in
+/// `bounds` (inclusive; `shown` says them in words).
+fn within<T: PartialOrd + std::fmt::Display>(
+    name: &str,
+    given: Option<T>,
+    default: T,
+    bounds: (T, T),
+    shown: &str,
+) -> anyhow::Result<T> {
+    let value = given.unwrap_or(default);
+    if value < bounds.0 || value > bounds.1 {
+        bail!("{name} must be between {shown}, not {value}");
+    }
+    Ok(value)
 }
 
 #[cfg(test)]

@@ -166,7 +166,7 @@ fn sample_log_entry() -> Vec<u8> {
 /// Everything read back from the `log`, `raft` and `sm` column families.
 fn decode_disk(b: &[u8]) {
     use crate::state::{ProducerState, SubState, TopicMeta};
-    use crate::store::sm::META_FORMAT;
+    use crate::store::values::META_FORMAT;
     let _ = crate::store::log::decode_entry(b);
     let _ = crate::store::sm::decode_record(b);
     let _ = codec::decode_versioned::<TopicMeta>(META_FORMAT, b);

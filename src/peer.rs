@@ -26,7 +26,7 @@ use raftq_client::api::{ErrorCode, Problem};
 
 use crate::codec;
 use crate::node::AppState;
-use crate::raft::network::{SnapshotHeader, SECRET_HEADER};
+use crate::raft::network::{SnapshotHeader, FORMAT_HEADER, RPC_FORMAT, SECRET_HEADER};
 use crate::raft::{NodeId, Snapshot, SnapshotData, TypeConfig};
 use crate::store::{snapshot, Raft, SmShared, StateMachineStore};
 use crate::tokens::secret_matches;
@@ -127,6 +127,24 @@ fn authorize(state: &PeerState, headers: &HeaderMap) -> Result<(), PeerError> {
     }
 }
 
+/// Refuses a body of a format this node does not read (see [`RPC_FORMAT`]).
+fn check_format(headers: &HeaderMap) -> Result<(), PeerError> {
+    let Some(given) = headers.get(FORMAT_HEADER) else {
+        return Ok(());
+    };
+    match given
+        .to_str()
+        .ok()
+        .and_then(|v| v.trim().parse::<u32>().ok())
+    {
+        Some(RPC_FORMAT) => Ok(()),
+        _ => Err(PeerError::invalid(format!(
+            "Raft RPC body of format {given:?}; this node reads format {RPC_FORMAT} (run the same \
+             raftq release on every node)"
+        ))),
+    }
+}
+
 fn decode<T: DeserializeOwned>(state: &PeerState, body: &[u8]) -> Result<T, PeerError> {
     codec::decode_limited(body, state.body_limit as u64)
         .map_err(|e| PeerError::invalid(format!("undecodable Raft RPC body: {e}")))
@@ -157,6 +175,7 @@ where
     Fut: std::future::Future<Output = Resp>,
 {
     authorize(&state, &headers)?;
+    check_format(&headers)?;
     let req = decode(&state, &body?)?;
     Ok(reply(&call(state.raft.clone(), req).await))
 }
@@ -213,6 +232,7 @@ async fn snapshot(
     body: axum::body::Body,
 ) -> Result<Response, PeerError> {
     authorize(&state, &headers)?;
+    check_format(&headers)?;
     let store = StateMachineStore::new(state.sm.clone());
     let (file, path) = store
         .begin_receiving_snapshot()

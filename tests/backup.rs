@@ -28,6 +28,17 @@ fn stdout_json(out: &Output) -> Value {
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {out:?}"))
 }
 
+/// `raftq backup --data DATA --out FILE`.
+fn backup_command(data: &Path, out: &Path) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.arg("backup")
+        .arg("--data")
+        .arg(data)
+        .arg("--out")
+        .arg(out);
+    cmd
+}
+
 /// `raftq restore --from FILE` with the node's own `serve` flags.
 fn restore_command(c: &Cluster, id: u64, from: &Path) -> Command {
     let serve = c.serve_command(id, c.port(id), &c.data_dir(id), CLUSTER_ID);
@@ -87,24 +98,13 @@ async fn a_cluster_restored_from_a_backup_has_exactly_the_backed_up_state_and_go
         .await;
     let dir = tempfile::tempdir().expect("backup dir");
     let file = dir.path().join("orders.snap");
-    let backup = stdout_json(&run(Command::new(BIN).args([
-        "backup",
-        "--data",
-        &c.data_dir(leader).to_string_lossy(),
-        "--out",
-        &file.to_string_lossy(),
-        "--json",
-    ])));
+    let backup = stdout_json(&run(
+        backup_command(&c.data_dir(leader), &file).arg("--json")
+    ));
     assert!(backup["index"].as_u64().unwrap() > 0, "{backup}");
     assert!(backup["bytes"].as_u64().unwrap() > 0, "{backup}");
     // A backup never overwrites.
-    let again = run(Command::new(BIN).args([
-        "backup",
-        "--data",
-        &c.data_dir(leader).to_string_lossy(),
-        "--out",
-        &file.to_string_lossy(),
-    ]));
+    let again = run(&mut backup_command(&c.data_dir(leader), &file));
     assert_eq!(again.status.code(), Some(1), "{again:?}");
 
     let records = c.read_all(leader, "orders").await;
@@ -300,14 +300,9 @@ async fn a_restore_refuses_an_id_the_backed_up_cluster_removed() {
         .await;
     let dir = tempfile::tempdir().expect("backup dir");
     let file = dir.path().join("b.snap");
-    stdout_json(&run(Command::new(BIN).args([
-        "backup",
-        "--data",
-        &c.data_dir(leader).to_string_lossy(),
-        "--out",
-        &file.to_string_lossy(),
-        "--json",
-    ])));
+    stdout_json(&run(
+        backup_command(&c.data_dir(leader), &file).arg("--json")
+    ));
     let secret = dir.path().join("secret");
     std::fs::write(&secret, SECRET).expect("write the secret");
     let data = dir.path().join("restored");

@@ -14,9 +14,8 @@ use raftq_client::api::{PublishResponse, RecordIn};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_sigkill_while_publishing_loses_no_acknowledged_record() {
     let started = Instant::now();
-    let c = Cluster::start(3).await;
     let topic = "failover";
-    let client = c.client_with_topic(topic).await;
+    let (c, client) = Cluster::start_with_client(topic).await;
 
     // 4 sequential publishers x 500 single-record publishes = 2,000 unique values.
     let load = Load::start(&client, topic, 4, 500);
@@ -81,9 +80,8 @@ async fn leader_sigkill_while_publishing_loses_no_acknowledged_record() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn all_nodes_sigkilled_at_once_keep_every_acknowledged_record() {
     let started = Instant::now();
-    let c = Cluster::start(3).await;
     let topic = "crash";
-    let client = c.client_with_topic(topic).await;
+    let (c, client) = Cluster::start_with_client(topic).await;
 
     // 400 records in batches of varying sizes, one batch after the other...
     let mut acked: Vec<(Vec<String>, PublishResponse)> = Vec::new();

@@ -42,6 +42,17 @@ async fn change(
     c.send(req, &format!("{method} {path}")).await
 }
 
+/// `POST {path}` with `body` to the leader.
+async fn post(c: &Cluster, path: &str, body: Value) -> reqwest::Response {
+    change(c, reqwest::Method::POST, path, Some(body)).await
+}
+
+/// Waits until `load` has 100 more acknowledged publishes than now.
+async fn wait_100_more_acks(c: &Cluster, load: &Load) {
+    let target = load.acked() + 100;
+    wait_acks(c, load, target, Duration::from_secs(30)).await;
+}
+
 async fn expect_status(c: &Cluster, resp: reqwest::Response, what: &str) -> ClusterStatus {
     c.json_of(resp, 200, what).await
 }
@@ -69,52 +80,25 @@ async fn grow_to_five_shrink_to_three_and_lose_a_voter_under_load() {
     // Grow: two new nodes join as learners, catch up, then become voters.
     for id in [4, 5] {
         c.restart(id).await;
-        let resp = change(
-            &c,
-            reqwest::Method::POST,
-            "/v1/cluster/nodes",
-            Some(json!({"id": id, "url": c.url(id)})),
-        )
-        .await;
+        let resp = post(&c, "/v1/cluster/nodes", json!({"id": id, "url": c.url(id)})).await;
         let s = expect_status(&c, resp, &format!("add node {id}")).await;
         assert!(learners(&s).contains(&id), "node {id} is a learner: {s:?}");
     }
-    let at = load.acked();
-    wait_acks(&c, &load, at + 100, Duration::from_secs(30)).await;
-    let resp = change(
-        &c,
-        reqwest::Method::POST,
-        "/v1/cluster/voters",
-        Some(json!({"ids": [1, 2, 3, 4, 5]})),
-    )
-    .await;
+    wait_100_more_acks(&c, &load).await;
+    let resp = post(&c, "/v1/cluster/voters", json!({"ids": [1, 2, 3, 4, 5]})).await;
     let s = expect_status(&c, resp, "five voters").await;
     assert_eq!(voters(&s), BTreeSet::from([1, 2, 3, 4, 5]));
-    let at = load.acked();
-    wait_acks(&c, &load, at + 100, Duration::from_secs(30)).await;
+    wait_100_more_acks(&c, &load).await;
 
     // Leadership moves to a new voter on request.
-    let resp = change(
-        &c,
-        reqwest::Method::POST,
-        "/v1/cluster/transfer-leader",
-        Some(json!({"to": 4})),
-    )
-    .await;
+    let resp = post(&c, "/v1/cluster/transfer-leader", json!({"to": 4})).await;
     let moved: TransferLeaderResponse = c.json_of(resp, 200, "transfer to 4").await;
     assert_eq!(moved.leader_id, 4);
     assert_eq!(leader(&c).await, 4);
-    let at = load.acked();
-    wait_acks(&c, &load, at + 100, Duration::from_secs(30)).await;
+    wait_100_more_acks(&c, &load).await;
 
     // Shrink: two of the first voters leave, then are removed and stopped.
-    let resp = change(
-        &c,
-        reqwest::Method::POST,
-        "/v1/cluster/voters",
-        Some(json!({"ids": [1, 4, 5]})),
-    )
-    .await;
+    let resp = post(&c, "/v1/cluster/voters", json!({"ids": [1, 4, 5]})).await;
     let s = expect_status(&c, resp, "three voters").await;
     assert_eq!(voters(&s), BTreeSet::from([1, 4, 5]));
     assert_eq!(
@@ -134,17 +118,10 @@ async fn grow_to_five_shrink_to_three_and_lose_a_voter_under_load() {
         assert!(s.members.iter().all(|m| m.id != id), "{s:?}");
         c.kill(id);
     }
-    let at = load.acked();
-    wait_acks(&c, &load, at + 100, Duration::from_secs(30)).await;
+    wait_100_more_acks(&c, &load).await;
 
     // A removed id is never reused.
-    let resp = change(
-        &c,
-        reqwest::Method::POST,
-        "/v1/cluster/nodes",
-        Some(json!({"id": 2, "url": c.url(2)})),
-    )
-    .await;
+    let resp = post(&c, "/v1/cluster/nodes", json!({"id": 2, "url": c.url(2)})).await;
     let (problem, _) = c
         .expect_problem(resp, 400, "invalid_argument", "re-adding node 2")
         .await;
@@ -159,7 +136,7 @@ async fn grow_to_five_shrink_to_three_and_lose_a_voter_under_load() {
             json!({"id": 0, "url": "http://127.0.0.1:1"}),
         ),
     ] {
-        let resp = change(&c, reqwest::Method::POST, path, Some(body.clone())).await;
+        let resp = post(&c, path, body.clone()).await;
         c.expect_problem(resp, 400, "invalid_argument", &format!("{path} {body}"))
             .await;
     }
@@ -169,8 +146,7 @@ async fn grow_to_five_shrink_to_three_and_lose_a_voter_under_load() {
     c.kill(old);
     let new = c.wait_leader(Duration::from_secs(20)).await;
     assert_ne!(new, old);
-    let at = load.acked();
-    wait_acks(&c, &load, at + 100, Duration::from_secs(30)).await;
+    wait_100_more_acks(&c, &load).await;
     c.restart(old).await;
 
     load.stop();
@@ -274,9 +250,8 @@ async fn a_voter_whose_machine_is_gone_is_replaced_under_a_new_id() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_transfer_whose_request_is_dropped_leaves_the_node_able_to_lead() {
-    let c = Cluster::start(3).await;
     let topic = "moves";
-    let client = c.client_with_topic(topic).await;
+    let (c, client) = Cluster::start_with_client(topic).await;
     let first = leader(&c).await;
     // The client gives up after 300 ms, mid-transfer (the lease wait alone is over a second):
     // the server's handler is dropped with it.

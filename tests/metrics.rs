@@ -27,19 +27,24 @@ struct Exposition {
 }
 
 impl Exposition {
+    /// Every sample of `name` whose labels include `labels`.
+    fn matching<'a>(
+        &'a self,
+        name: &'a str,
+        labels: &'a [(&str, &str)],
+    ) -> impl Iterator<Item = &'a Sample> + 'a {
+        self.samples.iter().filter(move |s| {
+            s.name == name
+                && labels
+                    .iter()
+                    .all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v))
+        })
+    }
+
     /// The value of the one sample with this name whose labels include `labels`; None when
     /// there is none, a failure when there are several.
     fn get(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-        let found: Vec<&Sample> = self
-            .samples
-            .iter()
-            .filter(|s| {
-                s.name == name
-                    && labels
-                        .iter()
-                        .all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v))
-            })
-            .collect();
+        let found: Vec<&Sample> = self.matching(name, labels).collect();
         assert!(found.len() <= 1, "{name} {labels:?} matches {found:?}");
         found.first().map(|s| s.value)
     }
@@ -52,16 +57,7 @@ impl Exposition {
 
     /// The sum over every sample of `name` whose labels include `labels`.
     fn sum(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
-        self.samples
-            .iter()
-            .filter(|s| {
-                s.name == name
-                    && labels
-                        .iter()
-                        .all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v))
-            })
-            .map(|s| s.value)
-            .sum()
+        self.matching(name, labels).map(|s| s.value).sum()
     }
 }
 

@@ -110,43 +110,13 @@ async fn count_and_bytes_limits_trim_the_front_and_reads_report_skipped() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn until_acked_removes_what_every_subscription_finished() {
     let c = Cluster::start(3).await;
-    c.put_json(
-        "/v1/topics/jobs",
-        &json!({"retention": {"until_acked": true}}),
-    )
-    .await;
-    c.put_json("/v1/topics/jobs/subscriptions/a", &json!({}))
-        .await;
-    c.put_json("/v1/topics/jobs/subscriptions/b", &json!({}))
-        .await;
+    c.create_until_acked_topic("jobs", &["a", "b"]).await;
     publish(&c, "jobs", &values(0..10)).await;
 
-    let ack_first = |sub: &'static str, n: u64| {
-        let c = &c;
-        async move {
-            let pulled = post(
-                c,
-                &format!("/v1/topics/jobs/subscriptions/{sub}/pull"),
-                &json!({"max": n}),
-            )
-            .await;
-            let receipts: Vec<Value> = pulled["messages"]
-                .as_array()
-                .map(|m| m.iter().map(|m| m["receipt"].clone()).collect())
-                .unwrap_or_default();
-            assert_eq!(receipts.len() as u64, n);
-            post(
-                c,
-                &format!("/v1/topics/jobs/subscriptions/{sub}/ack"),
-                &json!({ "receipts": receipts }),
-            )
-            .await;
-        }
-    };
-    ack_first("a", 6).await;
+    c.pull_and_ack("jobs", "a", 6, 6).await;
     // b has acked nothing: everything stays.
     wait_offsets(&c, "jobs", 0, 10).await;
-    ack_first("b", 4).await;
+    c.pull_and_ack("jobs", "b", 4, 4).await;
     wait_offsets(&c, "jobs", 4, 10).await;
     let info: TopicInfo = c
         .topic(c.leader_id().await, "jobs")

@@ -13,12 +13,32 @@ use serde_json::json;
 /// The server's shutdown bound is 15 s; allow scheduling slack on a loaded machine.
 const EXIT_BOUND: Duration = Duration::from_secs(20);
 
+/// A read of `topic` from the first record and a publish of `late` to it, both on `url`: the
+/// requests a node must refuse once its shutdown began.
+fn late_read_and_publish(
+    http: &reqwest::Client,
+    url: &str,
+    topic: &str,
+    late: &str,
+) -> Vec<(&'static str, reqwest::RequestBuilder)> {
+    vec![
+        (
+            "read",
+            http.get(format!("{url}/v1/topics/{topic}/records?from=first")),
+        ),
+        (
+            "publish",
+            http.post(format!("{url}/v1/topics/{topic}/records"))
+                .json(&json!({"records": [{"value": late}]})),
+        ),
+    ]
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_sigterm_under_load_exits_zero_and_loses_nothing() {
     let started = Instant::now();
-    let c = Cluster::start(3).await;
     let topic = "drain";
-    let client = c.client_with_topic(topic).await;
+    let (c, client) = Cluster::start_with_client(topic).await;
     let old = c.leader_id().await;
 
     // A long-poll on the leader that no publish can answer (far beyond the end): only the
@@ -102,12 +122,8 @@ async fn leader_sigterm_under_load_exits_zero_and_loses_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_answers_open_long_polls_and_refuses_new_requests() {
-    let c = Cluster::start(3).await;
     let topic = "lp-shut";
-    c.create_topic(topic).await;
-    c.publish_values(topic, &["s/0".to_string(), "s/1".to_string()])
-        .await;
-    c.wait_converged(topic).await;
+    let c = Cluster::start_with_values(topic, &["s/0".to_string(), "s/1".to_string()]).await;
     let leader = c.leader_id().await;
     let node = c.follower_id().await;
     let url = c.url(node);
@@ -155,19 +171,9 @@ async fn shutdown_answers_open_long_polls_and_refuses_new_requests() {
     // connection is refused, or (when it lands just as the listener closes, a race no TCP
     // server can avoid) closed without an answer. Never served, never a hang.
     let http = c.http();
-    let requests = [
-        (
-            "read",
-            http.get(format!("{url}/v1/topics/{topic}/records?from=first")),
-        ),
-        (
-            "publish",
-            http.post(format!("{url}/v1/topics/{topic}/records"))
-                .json(&json!({"records": [{"value": "late"}]})),
-        ),
-        ("cluster status", http.get(format!("{url}/v1/cluster"))),
-        ("topic list", http.get(format!("{url}/v1/topics"))),
-    ];
+    let mut requests = late_read_and_publish(http, &url, topic, "late");
+    requests.push(("cluster status", http.get(format!("{url}/v1/cluster"))));
+    requests.push(("topic list", http.get(format!("{url}/v1/topics"))));
     let (mut refused_by_503, mut not_connected, mut dropped) = (0, 0, Vec::new());
     for (what, request) in requests {
         match request.send().await {
@@ -232,11 +238,8 @@ async fn shutdown_answers_open_long_polls_and_refuses_new_requests() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_with_an_uncommittable_write_is_slower_but_bounded() {
-    let c = Cluster::start(3).await;
     let topic = "stuck";
-    c.create_topic(topic).await;
-    c.publish_values(topic, &["k/0".to_string()]).await;
-    c.wait_converged(topic).await;
+    let c = Cluster::start_with_values(topic, &["k/0".to_string()]).await;
     let (leader, _) = c.isolate_leader().await;
     let url = c.url(leader);
 
@@ -300,21 +303,11 @@ async fn shutdown_with_an_uncommittable_write_is_slower_but_bounded() {
     // Shutdown began (the long-poll says so): new requests are refused, not served.
     let http = c.http();
     let mut refused_by_503 = 0;
-    let requests = [
-        (
-            "read",
-            http.get(format!("{url}/v1/topics/{topic}/records?from=first")),
-        ),
-        (
-            "publish",
-            http.post(format!("{url}/v1/topics/{topic}/records"))
-                .json(&json!({"records": [{"value": "k/late"}]})),
-        ),
-        (
-            "topic create",
-            http.put(format!("{url}/v1/topics/late")).json(&json!({})),
-        ),
-    ];
+    let mut requests = late_read_and_publish(http, &url, topic, "k/late");
+    requests.push((
+        "topic create",
+        http.put(format!("{url}/v1/topics/late")).json(&json!({})),
+    ));
     for (what, request) in requests {
         let answer = request.send().await;
         // While the node still owes the pending write its answer, its HTTP server is up: a

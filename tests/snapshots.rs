@@ -61,13 +61,7 @@ async fn drain(c: &Cluster, client: &Client, topic: &str, sub: &str, count: u64)
 async fn a_follower_catches_up_by_snapshot_and_matches_the_leader_exactly() {
     let c = Cluster::start_with(3, &["--snapshot-logs", "40", "--snapshot-keep-logs", "5"]).await;
     let client = c.client();
-    c.put_json(
-        "/v1/topics/tasks",
-        &json!({"retention": {"until_acked": true}}),
-    )
-    .await;
-    c.put_json("/v1/topics/tasks/subscriptions/w", &json!({}))
-        .await;
+    c.create_until_acked_topic("tasks", &["w"]).await;
     c.put_json(
         "/v1/topics/log",
         &json!({"retention": {"max_records": 1000}}),
@@ -249,9 +243,7 @@ async fn a_publish_then_ack_work_queue_keeps_the_data_directory_bounded() {
     )
     .await;
     let client = c.client();
-    c.put_json("/v1/topics/q", &json!({"retention": {"until_acked": true}}))
-        .await;
-    c.put_json("/v1/topics/q/subscriptions/w", &json!({})).await;
+    c.create_until_acked_topic("q", &["w"]).await;
 
     let record = 1024;
     let per_cycle = 1_024; // 1 MiB per cycle

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -268,31 +268,34 @@ async fn serve(
 async fn read_request(
     reader: &mut BufReader<tokio::net::tcp::OwnedReadHalf>,
 ) -> Option<(String, String, Vec<u8>)> {
-    let mut line = String::new();
-    if reader.read_line(&mut line).await.ok()? == 0 {
-        return None;
+    let request = crate::tests::read_request(reader).await?;
+    Some((request.method, request.target, request.body))
+}
+
+/// Opens a producer on `fake` that sends every batch of `max_batch_records` at once and keeps
+/// its spool in `dir`; returns it and its options (to reopen the spool).
+async fn open_spooled(
+    fake: &Fake,
+    dir: &std::path::Path,
+    max_batch_records: usize,
+) -> (Producer, ProducerOptions) {
+    let options = ProducerOptions::new()
+        .max_batch_records(max_batch_records)
+        .linger(Duration::ZERO)
+        .spool(dir);
+    let producer = Producer::open(fake.client(), "t", options.clone())
+        .await
+        .unwrap();
+    (producer, options)
+}
+
+/// A script that applies and answers the first batch (sequence 0) and leaves every other one
+/// hanging.
+fn only_the_first_batch_answered(incoming: &Incoming, _: usize) -> Plan {
+    match incoming.seq {
+        Some(0) => Plan::Normal,
+        _ => Plan::Hang,
     }
-    let mut parts = line.split_whitespace();
-    let method = parts.next()?.to_string();
-    let target = parts.next()?.to_string();
-    let mut length = 0;
-    loop {
-        let mut line = String::new();
-        if reader.read_line(&mut line).await.ok()? == 0 {
-            return None;
-        }
-        let line = line.trim_end();
-        if line.is_empty() {
-            break;
-        }
-        let (name, value) = line.split_once(':')?;
-        if name.trim().eq_ignore_ascii_case("content-length") {
-            length = value.trim().parse().ok()?;
-        }
-    }
-    let mut body = vec![0; length];
-    reader.read_exact(&mut body).await.ok()?;
-    Some((method, target, body))
 }
 
 fn values(prefix: &str, n: usize) -> Vec<String> {
@@ -553,18 +556,8 @@ async fn a_refused_batch_recovered_from_the_spool_is_dropped_and_the_rest_renumb
     // A crash between a refusal and the spool entry that drops the refused batch: the reopened
     // producer sends it again, gets the same refusal, and carries on.
     let dir = tempfile::tempdir().unwrap();
-    let fake = Fake::start(|incoming, _| match incoming.seq {
-        Some(0) => Plan::Normal,
-        _ => Plan::Hang,
-    })
-    .await;
-    let options = ProducerOptions::new()
-        .max_batch_records(1)
-        .linger(Duration::ZERO)
-        .spool(dir.path());
-    let producer = Producer::open(fake.client(), "t", options.clone())
-        .await
-        .unwrap();
+    let fake = Fake::start(only_the_first_batch_answered).await;
+    let (producer, options) = open_spooled(&fake, dir.path(), 1).await;
     let sent: Vec<String> = ["a", "big", "c"].map(String::from).to_vec();
     let deliveries = producer.send_many(records(&sent)).await.unwrap();
     fake.wait_for("batch 1 sent", |m| m.seen.iter().any(|i| i.seq == Some(1)))
@@ -696,13 +689,7 @@ async fn a_spool_keeps_what_was_accepted_and_a_reopened_producer_resends_it_once
         _ => Plan::Hang,
     })
     .await;
-    let options = ProducerOptions::new()
-        .max_batch_records(2)
-        .linger(Duration::ZERO)
-        .spool(dir.path());
-    let producer = Producer::open(fake.client(), "t", options.clone())
-        .await
-        .unwrap();
+    let (producer, options) = open_spooled(&fake, dir.path(), 2).await;
     let id = producer.producer_id().to_string();
     let sent = values("s", 6);
     let deliveries = producer.send_many(records(&sent)).await.unwrap();
@@ -771,13 +758,7 @@ async fn a_spool_keeps_what_was_accepted_and_a_reopened_producer_resends_it_once
 async fn a_torn_spool_tail_is_cut_and_the_intact_batches_are_recovered() {
     let dir = tempfile::tempdir().unwrap();
     let fake = Fake::start(|_, _| Plan::Hang).await;
-    let options = ProducerOptions::new()
-        .max_batch_records(1)
-        .linger(Duration::ZERO)
-        .spool(dir.path());
-    let producer = Producer::open(fake.client(), "t", options.clone())
-        .await
-        .unwrap();
+    let (producer, options) = open_spooled(&fake, dir.path(), 1).await;
     producer.send_many(records(&values("t", 3))).await.unwrap();
     producer.abort().await;
     drop(producer);
@@ -848,18 +829,8 @@ async fn a_spool_of_another_topic_or_producer_or_in_use_is_refused() {
 #[tokio::test]
 async fn a_reopened_spool_the_server_no_longer_knows_is_an_error_not_a_success() {
     let dir = tempfile::tempdir().unwrap();
-    let fake = Fake::start(|incoming, _| match incoming.seq {
-        Some(0) => Plan::Normal,
-        _ => Plan::Hang,
-    })
-    .await;
-    let options = ProducerOptions::new()
-        .max_batch_records(1)
-        .linger(Duration::ZERO)
-        .spool(dir.path());
-    let producer = Producer::open(fake.client(), "t", options.clone())
-        .await
-        .unwrap();
+    let fake = Fake::start(only_the_first_batch_answered).await;
+    let (producer, options) = open_spooled(&fake, dir.path(), 1).await;
     let first = producer.send(RecordIn::text("x0")).await.unwrap();
     assert_eq!(outcome(first).await, Ok(0));
     producer.send(RecordIn::text("x1")).await.unwrap();

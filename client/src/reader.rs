@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use crate::api::{is_valid_name, ReadFrom, ReadResponse};
+use crate::api::{ReadFrom, ReadResponse};
+use crate::client::check_name;
 use crate::transport::jittered;
 use crate::{Client, Error, ReadOptions};
 
@@ -52,13 +53,12 @@ const RETRY_MAX: Duration = Duration::from_secs(2);
 pub struct Reader {
     client: Client,
     topic: String,
-    subscription: Option<String>,
+    /// The subscription, the size of a batch and the wait of each read (`from` is set per
+    /// read).
+    options: ReadOptions,
     start: Option<ReadFrom>,
     /// The `next_offset` of the last batch: where the next read starts.
     next: Option<u64>,
-    max: Option<u64>,
-    max_bytes: Option<u64>,
-    wait: Duration,
     /// How long failover errors are retried; `None`: until a read succeeds.
     retry_for: Option<Duration>,
 }
@@ -73,7 +73,7 @@ impl Reader {
         let subscription = subscription.into();
         check_name("subscription", &subscription)?;
         let mut reader = Reader::for_topic(client, topic)?;
-        reader.subscription = Some(subscription);
+        reader.options.subscription = Some(subscription);
         Ok(reader)
     }
 
@@ -85,12 +85,9 @@ impl Reader {
         Ok(Reader {
             client,
             topic,
-            subscription: None,
+            options: ReadOptions::new().wait(DEFAULT_READ_WAIT),
             start: None,
             next: None,
-            max: None,
-            max_bytes: None,
-            wait: DEFAULT_READ_WAIT,
             retry_for: None,
         })
     }
@@ -104,19 +101,19 @@ impl Reader {
 
     /// At most `max` records per batch (default: the server's).
     pub fn max(mut self, max: u64) -> Self {
-        self.max = Some(max);
+        self.options.max = Some(max);
         self
     }
 
     /// At most about `max_bytes` of values per batch (at least one record when any is there).
     pub fn max_bytes(mut self, max_bytes: u64) -> Self {
-        self.max_bytes = Some(max_bytes);
+        self.options.max_bytes = Some(max_bytes);
         self
     }
 
     /// Long-poll each read for up to `wait` (at most 30 s; default 10 s; zero answers at once).
     pub fn wait(mut self, wait: Duration) -> Self {
-        self.wait = wait;
+        self.options.wait = (!wait.is_zero()).then_some(wait);
         self
     }
 
@@ -131,7 +128,7 @@ impl Reader {
 
     /// Changes the most records of the next batches.
     pub fn set_max(&mut self, max: Option<u64>) {
-        self.max = max;
+        self.options.max = max;
     }
 
     /// Where the next batch starts: the `next_offset` of the last batch, `None` before the
@@ -147,7 +144,7 @@ impl Reader {
     pub async fn next_batch(&mut self) -> Result<ReadResponse, Error> {
         let from = match self.next {
             Some(next) => Some(ReadFrom::Offset(next)),
-            None => match (self.start, &self.subscription) {
+            None => match (self.start, &self.options.subscription) {
                 (Some(start), _) => Some(start),
                 (None, Some(_)) => None,
                 (None, None) => Some(ReadFrom::First),
@@ -155,10 +152,7 @@ impl Reader {
         };
         let options = ReadOptions {
             from,
-            subscription: self.subscription.clone(),
-            max: self.max,
-            max_bytes: self.max_bytes,
-            wait: (!self.wait.is_zero()).then_some(self.wait),
+            ..self.options.clone()
         };
         let batch = self.read_retrying(&options).await?;
         self.next = Some(batch.next_offset);
@@ -170,7 +164,7 @@ impl Reader {
     /// that the next reader of the subscription starts after it. Does nothing before the first
     /// batch or without a subscription.
     pub async fn commit(&mut self) -> Result<(), Error> {
-        let (Some(next), Some(subscription)) = (self.next, &self.subscription) else {
+        let (Some(next), Some(subscription)) = (self.next, &self.options.subscription) else {
             return Ok(());
         };
         let options = ReadOptions {
@@ -199,15 +193,5 @@ impl Reader {
                 Err(err) => return Err(err),
             }
         }
-    }
-}
-
-fn check_name(what: &str, name: &str) -> Result<(), Error> {
-    if is_valid_name(name) {
-        Ok(())
-    } else {
-        Err(Error::InvalidArgument(format!(
-            "{what} name {name:?} must match [A-Za-z0-9._-]{{1,128}}"
-        )))
     }
 }

@@ -14,13 +14,13 @@ use crate::{Client, Error, ReadOptions};
 
 /// A request as a fake node read it.
 #[derive(Debug, Clone)]
-struct Request {
-    method: String,
+pub(crate) struct Request {
+    pub(crate) method: String,
     /// Path and query, as sent.
-    target: String,
+    pub(crate) target: String,
     /// Header names lower-cased.
-    headers: Vec<(String, String)>,
-    body: Vec<u8>,
+    pub(crate) headers: Vec<(String, String)>,
+    pub(crate) body: Vec<u8>,
 }
 
 impl Request {
@@ -200,7 +200,11 @@ async fn serve_connection(stream: TcpStream, handler: Handler, log: Arc<Mutex<Ve
     }
 }
 
-async fn read_request(reader: &mut BufReader<tokio::net::tcp::OwnedReadHalf>) -> Option<Request> {
+/// Reads one HTTP/1.1 request (head and `content-length` body); `None` at the end of the
+/// connection or on a malformed request.
+pub(crate) async fn read_request(
+    reader: &mut BufReader<tokio::net::tcp::OwnedReadHalf>,
+) -> Option<Request> {
     let mut line = String::new();
     if reader.read_line(&mut line).await.ok()? == 0 {
         return None;
@@ -234,6 +238,19 @@ async fn read_request(reader: &mut BufReader<tokio::net::tcp::OwnedReadHalf>) ->
         headers,
         body,
     })
+}
+
+/// Publishes `records()` through a client of one fake node that answers every request with
+/// `reply()`; returns the node (to count what it got) and the error.
+async fn publish_error_against(
+    reply: impl Fn() -> Reply + Send + Sync + 'static,
+) -> (FakeNode, Error) {
+    let a = bind().await.serve(move |_, _| Action::Reply(reply()));
+    let err = client(&[&a.url])
+        .publish_records("t", records())
+        .await
+        .unwrap_err();
+    (a, err)
 }
 
 fn client(urls: &[&str]) -> Client {
@@ -498,12 +515,7 @@ async fn only_producer_id_without_sequence_is_not_idempotent() {
 
 #[tokio::test]
 async fn plain_text_500_makes_an_unsafe_write_indeterminate_without_panicking() {
-    let a = bind()
-        .await
-        .serve(|_, _| Action::Reply(text_reply(500, "oops, stack trace")));
-    let client = client(&[&a.url]);
-
-    let err = client.publish_records("t", records()).await.unwrap_err();
+    let (a, err) = publish_error_against(|| text_reply(500, "oops, stack trace")).await;
     match &err {
         Error::Indeterminate { detail } => assert!(detail.contains("oops"), "{detail}"),
         other => panic!("expected Indeterminate, got {other:?}"),
@@ -513,12 +525,7 @@ async fn plain_text_500_makes_an_unsafe_write_indeterminate_without_panicking() 
 
 #[tokio::test]
 async fn internal_problem_500_makes_an_unsafe_write_indeterminate() {
-    let a = bind()
-        .await
-        .serve(|_, _| Action::Reply(problem(500, "internal")));
-    let client = client(&[&a.url]);
-
-    let err = client.publish_records("t", records()).await.unwrap_err();
+    let (a, err) = publish_error_against(|| problem(500, "internal")).await;
     assert!(matches!(err, Error::Indeterminate { .. }), "{err:?}");
     assert_eq!(a.count(), 1);
 }
@@ -636,12 +643,7 @@ async fn api_errors_are_returned_at_once() {
 
 #[tokio::test]
 async fn success_with_an_unreadable_body_is_a_decode_error() {
-    let a = bind()
-        .await
-        .serve(|_, _| Action::Reply(text_reply(200, "not json")));
-    let client = client(&[&a.url]);
-
-    let err = client.publish_records("t", records()).await.unwrap_err();
+    let (a, err) = publish_error_against(|| text_reply(200, "not json")).await;
     assert!(matches!(err, Error::Decode { .. }), "{err:?}");
     assert!(err.may_have_been_applied());
     assert_eq!(a.count(), 1);

@@ -201,26 +201,20 @@ impl Transport {
         let budget = self.deadline + call.hold;
         let deadline = Instant::now() + budget;
         let mut backoff = INITIAL_BACKOFF;
-        let mut attempts = 0u32;
+        let mut tries = Tries {
+            attempts: 0,
+            maybe_applied: None,
+            last_detail: String::from("no attempt was made"),
+            last_code: None,
+        };
         let mut hops = 0u32;
         // Where the last redirect pointed: the next attempt goes there, without a pause.
         let mut redirect: Option<(Option<usize>, Url)> = None;
-        // The first failure after which a write may have been applied.
-        let mut maybe_applied: Option<String> = None;
-        let mut last_detail = String::from("no attempt was made");
-        let mut last_code: Option<ErrorCode> = None;
 
         loop {
             let remaining = deadline.saturating_duration_since(Instant::now());
-            if remaining < MIN_ATTEMPT_TIME && attempts > 0 {
-                return Err(give_up(
-                    call,
-                    budget,
-                    attempts,
-                    maybe_applied,
-                    last_detail,
-                    last_code,
-                ));
+            if remaining < MIN_ATTEMPT_TIME && tries.attempts > 0 {
+                return Err(tries.give_up(call, budget));
             }
             let (node, url) = match redirect.take() {
                 Some(target) => target,
@@ -229,7 +223,7 @@ impl Transport {
                     (Some(index), join(&base, &call.target)?)
                 }
             };
-            attempts += 1;
+            tries.attempts += 1;
             let timeout = (self.request_timeout + call.hold).min(remaining);
             let outcome = self.attempt(call, &url, timeout).await;
             let mut retry_after = None;
@@ -247,7 +241,7 @@ impl Transport {
                 Attempt::Refused(problem) => {
                     // The refusal speaks for this attempt only. After an attempt that may have
                     // been applied, "refused" would wrongly suggest the call had no effect.
-                    return Err(match maybe_applied {
+                    return Err(match tries.maybe_applied {
                         Some(first) => Error::Indeterminate {
                             detail: format!(
                                 "an earlier attempt may have been applied ({first}); a later \
@@ -265,16 +259,16 @@ impl Transport {
                     let index = leader_base.and_then(|base| self.nodes().remember_leader(&base));
                     tracing::debug!(from = %url, to = %location, hops, "following leader redirect");
                     if hops <= MAX_REDIRECT_HOPS {
-                        last_detail = format!("{url}: redirected to {location}");
-                        last_code = Some(ErrorCode::NotLeader);
+                        tries.last_detail = format!("{url}: redirected to {location}");
+                        tries.last_code = Some(ErrorCode::NotLeader);
                         redirect = Some((index, location));
                         continue;
                     }
-                    last_detail = format!(
+                    tries.last_detail = format!(
                         "more than {MAX_REDIRECT_HOPS} redirects in a row, last from {url} to \
                          {location}"
                     );
-                    last_code = Some(ErrorCode::NotLeader);
+                    tries.last_code = Some(ErrorCode::NotLeader);
                     if let Some(index) = index {
                         self.nodes().failed(index);
                     }
@@ -293,8 +287,8 @@ impl Transport {
                     if let Some(base) = leader_base {
                         self.nodes().remember_leader(&base);
                     }
-                    last_detail = detail;
-                    last_code = code;
+                    tries.last_detail = detail;
+                    tries.last_code = code;
                     retry_after = hint;
                 }
                 Attempt::Unknown { detail } => {
@@ -310,11 +304,11 @@ impl Transport {
                     if let Some(index) = node {
                         self.nodes().failed(index);
                     }
-                    if call.retry == Retry::IdempotentWrite && maybe_applied.is_none() {
-                        maybe_applied = Some(detail.clone());
+                    if call.retry == Retry::IdempotentWrite && tries.maybe_applied.is_none() {
+                        tries.maybe_applied = Some(detail.clone());
                     }
-                    last_detail = detail;
-                    last_code = None;
+                    tries.last_detail = detail;
+                    tries.last_code = None;
                 }
             }
             hops = 0;
@@ -323,14 +317,7 @@ impl Transport {
             backoff = (backoff * 2).min(MAX_BACKOFF);
             let remaining = deadline.saturating_duration_since(Instant::now());
             if pause + MIN_ATTEMPT_TIME > remaining {
-                return Err(give_up(
-                    call,
-                    budget,
-                    attempts,
-                    maybe_applied,
-                    last_detail,
-                    last_code,
-                ));
+                return Err(tries.give_up(call, budget));
             }
             tokio::time::sleep(pause).await;
         }
@@ -494,34 +481,44 @@ fn classify(
     }
 }
 
-/// The error for a call whose deadline passed: indeterminate when some attempt may have been
-/// applied, unavailable otherwise.
-fn give_up(
-    call: &Call,
-    budget: Duration,
+/// What a call's attempts so far came to.
+struct Tries {
     attempts: u32,
+    /// The first failure after which a write may have been applied.
     maybe_applied: Option<String>,
     last_detail: String,
     last_code: Option<ErrorCode>,
-) -> Error {
-    match maybe_applied {
-        Some(first) => Error::Indeterminate {
-            detail: format!(
+}
+
+impl Tries {
+    /// The error for a call whose deadline passed: indeterminate when some attempt may have
+    /// been applied, unavailable otherwise.
+    fn give_up(self, call: &Call, budget: Duration) -> Error {
+        let Tries {
+            attempts,
+            maybe_applied,
+            last_detail,
+            last_code,
+        } = self;
+        match maybe_applied {
+            Some(first) => Error::Indeterminate {
+                detail: format!(
                 "no definite answer within {budget:?} ({attempts} attempts); an earlier attempt \
                  may have been applied ({first}); last: {last_detail}"
             ),
-        },
-        None => {
-            let effect = match call.retry {
-                Retry::Read => "",
-                Retry::IdempotentWrite | Retry::UnsafeWrite => "; the write was not applied",
-            };
-            Error::Unavailable {
-                detail: format!(
+            },
+            None => {
+                let effect = match call.retry {
+                    Retry::Read => "",
+                    Retry::IdempotentWrite | Retry::UnsafeWrite => "; the write was not applied",
+                };
+                Error::Unavailable {
+                    detail: format!(
                     "no definite answer within {budget:?} ({attempts} attempts){effect}; last: \
                      {last_detail}"
                 ),
-                last_code,
+                    last_code,
+                }
             }
         }
     }

@@ -34,6 +34,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 pub mod docker;
+mod layout;
 pub mod net;
 pub mod netns;
 pub mod nfqueue;

@@ -1,3 +1,6 @@
+use std::time::Duration;
+
+use super::cli::{parse_duration, parse_subnet};
 use super::*;
 
 #[test]

@@ -206,28 +206,22 @@ mod tests {
     use super::*;
     use crate::history::{History, OpResult, Process};
 
+    /// Records one phase of a fault on `node`, done, with `detail`.
+    fn fault(h: &History, name: &str, phase: Phase, node: u64, detail: &str) {
+        h.invoke(Process::Nemesis, None, Op::fault(name, phase, vec![node]))
+            .ok(OpResult::Fault {
+                detail: detail.into(),
+            });
+    }
+
     #[test]
     fn windows_and_series_are_drawn() {
         let h = History::new();
         let p = h.next_process();
-        let f = h.invoke(
-            Process::Nemesis,
-            None,
-            Op::fault("kill <leader>", Phase::Start, vec![1]),
-        );
-        f.ok(OpResult::Fault {
-            detail: "killed".into(),
-        });
+        fault(&h, "kill <leader>", Phase::Start, 1, "killed");
         let op = h.invoke(p, Some(1), Op::publish("t", vec!["a".into()]));
         op.ok(OpResult::publish(0, 1, false));
-        let f = h.invoke(
-            Process::Nemesis,
-            None,
-            Op::fault("kill <leader>", Phase::Stop, vec![1]),
-        );
-        f.ok(OpResult::Fault {
-            detail: "restarted".into(),
-        });
+        fault(&h, "kill <leader>", Phase::Stop, 1, "restarted");
         let events = h.events();
         let windows = fault_windows(&events);
         assert_eq!(windows.len(), 1);
@@ -250,14 +244,7 @@ mod tests {
     #[test]
     fn an_unfinished_fault_runs_to_the_end() {
         let h = History::new();
-        let f = h.invoke(
-            Process::Nemesis,
-            None,
-            Op::fault("pause", Phase::Start, vec![2]),
-        );
-        f.ok(OpResult::Fault {
-            detail: "paused".into(),
-        });
+        fault(&h, "pause", Phase::Start, 2, "paused");
         let p = h.next_process();
         let op = h.invoke(p, Some(1), Op::publish("t", vec!["a".into()]));
         op.info("timeout");

@@ -309,6 +309,24 @@ pub async fn create_topic(http: &Http, topic: &str) -> anyhow::Result<()> {
     .map(drop)
 }
 
+/// Creates `subscription` of `topic` with `body` (retried until a node takes it).
+pub async fn create_subscription(
+    http: &Http,
+    topic: &str,
+    subscription: &str,
+    body: &serde_json::Value,
+) -> anyhow::Result<()> {
+    setup_request(
+        http,
+        Method::PUT,
+        &format!("/v1/topics/{topic}/subscriptions/{subscription}"),
+        body,
+        Duration::from_secs(30),
+    )
+    .await
+    .map(drop)
+}
+
 /// The node worker `slot` starts at.
 pub fn first_node(ctx: &Ctx, slot: usize) -> u64 {
     let ids = ctx.http.ids();

@@ -25,6 +25,14 @@ use crate::codec;
 /// The header that carries the cluster secret on every Raft RPC.
 pub const SECRET_HEADER: &str = "x-raftq-cluster-secret";
 
+/// The header that names the format of a Raft RPC's body, and of its answer.
+pub const FORMAT_HEADER: &str = "x-raftq-rpc-format";
+/// Format of Raft RPC bodies: 1 is the codec encoding of openraft 0.9's messages, pinned byte
+/// for byte by `raft::tests`. A request without [`FORMAT_HEADER`] (from a node of before the
+/// header) is format 1; a receiver refuses a format it does not know with a 400 naming it. A
+/// change of encoding is a new format, never a changed one.
+pub const RPC_FORMAT: u32 = 1;
+
 /// Asks the peer at `url` for its `/raft/status` (with the cluster secret): its JSON answer
 /// (`Null` when the body is not JSON), or `None` when it did not answer within `timeout`.
 pub async fn peer_status(
@@ -146,6 +154,7 @@ impl Peer {
             .http
             .post(format!("{}/raft/{path}", self.url))
             .header(SECRET_HEADER, &*self.net.secret)
+            .header(FORMAT_HEADER, RPC_FORMAT)
             .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
             .timeout(timeout)
             .body(body)

@@ -25,8 +25,7 @@ use openraft::{BasicNode, Membership};
 use rocksdb::WriteBatch;
 
 use super::snapshot::{self, FileMeta};
-use super::{keys, DataDir, SmShared, CF_RAFT, CF_SM};
-use crate::codec;
+use super::{keys, values, DataDir, SmShared, CF_RAFT, CF_SM};
 use crate::raft::{LogId, StoredMembership, Vote};
 
 /// The newest complete snapshot file under a data directory, without touching anything
@@ -219,17 +218,17 @@ fn restore_into(from: &Path, settings: &Target, last: LogId) -> anyhow::Result<R
     batch.put_cf(
         cf_sm,
         keys::MEMBERSHIP,
-        codec::encode(&StoredMembership::new(Some(last), membership))?,
+        values::encode(&StoredMembership::new(Some(last), membership))?,
     );
     let cf_raft = db
         .cf_handle(CF_RAFT)
         .ok_or_else(|| anyhow::anyhow!("column family raft missing"))?;
-    batch.put_cf(cf_raft, keys::LAST_PURGED, codec::encode(&last)?);
-    batch.put_cf(cf_raft, keys::COMMITTED, codec::encode(&Some(last))?);
+    batch.put_cf(cf_raft, keys::LAST_PURGED, values::encode(&last)?);
+    batch.put_cf(cf_raft, keys::COMMITTED, values::encode(&Some(last))?);
     batch.put_cf(
         cf_raft,
         keys::VOTE,
-        codec::encode(&Vote::new(term, settings.id))?,
+        values::encode(&Vote::new(term, settings.id))?,
     );
     db.write_opt(batch, &super::write_options(true))?;
     drop(sm);

@@ -14,9 +14,14 @@ use serde::{Deserialize, Serialize};
 
 const IDENTITY_FILE: &str = "IDENTITY";
 const LOCK_FILE: &str = "LOCK";
-/// Layout version of the data directory. 2: topics, subscriptions and producers are stored
-/// behind a format byte, with report counters (1 had neither; no release wrote it).
-pub const FORMAT_VERSION: u32 = 2;
+/// Layout version of the data directory. 3: every stored value carries a format byte
+/// (`store::values`). 2: topics, subscriptions and producers are stored behind a format byte,
+/// with report counters (1 had neither; no release wrote it).
+pub const FORMAT_VERSION: u32 = 3;
+/// The oldest layout this raftq upgrades: its `IDENTITY` is rewritten at once, before the
+/// database is opened (which upgrades the values), so a raftq that knows only format 2
+/// refuses the directory from then on instead of misreading it.
+const OLDEST_UPGRADABLE: u32 = 2;
 
 /// What the `IDENTITY` file records.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -24,6 +29,12 @@ pub struct Identity {
     pub cluster_id: String,
     pub node_id: u64,
     pub format: u32,
+}
+
+impl Identity {
+    fn to_toml(&self) -> String {
+        toml::to_string(self).unwrap_or_default()
+    }
 }
 
 /// An opened, locked data directory. The lock is held while this value lives.
@@ -64,8 +75,8 @@ pub enum DataDirError {
     )]
     Corrupt { path: PathBuf, detail: String },
     #[error(
-        "data directory {path} has format {found}, this raftq understands format {FORMAT_VERSION}; \
-         run a raftq release that matches it"
+        "data directory {path} has format {found}, this raftq understands formats \
+         {OLDEST_UPGRADABLE} to {FORMAT_VERSION}; run a raftq release that matches it"
     )]
     Format { path: PathBuf, found: u32 },
     #[error(
@@ -117,7 +128,7 @@ impl DataDir {
                         path: root.to_path_buf(),
                         detail,
                     })?;
-                if found.format != FORMAT_VERSION {
+                if !(OLDEST_UPGRADABLE..=FORMAT_VERSION).contains(&found.format) {
                     return Err(DataDirError::Format {
                         path: root.to_path_buf(),
                         found: found.format,
@@ -132,6 +143,14 @@ impl DataDir {
                         node: want.node_id,
                     });
                 }
+                if found.format < FORMAT_VERSION {
+                    write_durably(root, IDENTITY_FILE, want.to_toml().as_bytes()).map_err(io)?;
+                    tracing::info!(
+                        from = found.format,
+                        to = FORMAT_VERSION,
+                        "data directory format upgraded"
+                    );
+                }
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 let others = fs::read_dir(root)
@@ -143,12 +162,7 @@ impl DataDir {
                         path: root.to_path_buf(),
                     });
                 }
-                write_durably(
-                    root,
-                    IDENTITY_FILE,
-                    toml::to_string(&want).unwrap_or_default().as_bytes(),
-                )
-                .map_err(io)?;
+                write_durably(root, IDENTITY_FILE, want.to_toml().as_bytes()).map_err(io)?;
             }
             Err(e) => return Err(io(e)),
         }
@@ -277,6 +291,29 @@ mod tests {
         let err = DataDir::open(newer.path(), "c", 1).unwrap_err();
         assert!(
             matches!(err, DataDirError::Format { found: 99, .. }),
+            "{err}"
+        );
+    }
+
+    /// A format 2 directory opens and is format 3 from then on; format 1, which no release
+    /// wrote, is refused.
+    #[test]
+    fn a_format_2_directory_is_upgraded_and_format_1_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let identity =
+            |format: u32| format!("cluster_id = \"c\"\nnode_id = 1\nformat = {format}\n");
+        fs::write(tmp.path().join("IDENTITY"), identity(2)).unwrap();
+        drop(DataDir::open(tmp.path(), "c", 1).unwrap());
+        let found: Identity =
+            toml::from_str(&fs::read_to_string(tmp.path().join("IDENTITY")).unwrap()).unwrap();
+        assert_eq!(found.format, FORMAT_VERSION);
+        assert_eq!(FORMAT_VERSION, 3);
+
+        let old = tempfile::tempdir().unwrap();
+        fs::write(old.path().join("IDENTITY"), identity(1)).unwrap();
+        let err = DataDir::open(old.path(), "c", 1).unwrap_err();
+        assert!(
+            matches!(err, DataDirError::Format { found: 1, .. }),
             "{err}"
         );
     }

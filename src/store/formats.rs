@@ -6,6 +6,10 @@
 //! Such a change gets a new format version beside the old one, never a changed one
 //! (ARCHITECTURE.md, "Boundaries and compatibility").
 //!
+//! `tests/fixtures/snapshot-format<N>.snap` are snapshot files as nodes wrote them in each
+//! snapshot format; `snapshot_files_of_every_format_load_and_build_again_byte_for_byte` holds
+//! today's code to reading and loading each. A new snapshot format adds its file.
+//!
 //! To add kinds after a new format version: run a cluster, write what the new version writes,
 //! stop it, and run `RAFTQ_CAPTURE_FORMATS=<node data dir> cargo test --release -p raftq --lib
 //! store::formats::capture -- --ignored`, which adds the lines of kinds the file lacks.
@@ -14,7 +18,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use super::sm::SmMeta;
-use super::{keys, log, sm, CF_LOG, CF_RAFT, CF_SM};
+use super::{keys, log, sm, values, CF_LOG, CF_RAFT, CF_SM};
 use crate::codec;
 use crate::raft::{LogId, StoredMembership, Vote};
 use crate::state::{Command, LogPayload, ProducerState, SubState, TopicMeta};
@@ -43,36 +47,47 @@ const KINDS: &[&str] = &[
     "sm:record",
     "sm:subscription",
     "sm:producer",
+    "bare:raft:vote",
+    "bare:raft:committed",
+    "bare:raft:last_purged",
+    "bare:sm:applied",
+    "bare:sm:membership",
+    "bare:sm:state",
 ];
 
 fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/formats.txt")
 }
 
-/// Decodes `bytes` as the store does for `kind` and encodes the value again.
+/// Decodes `bytes` as the store does for `kind` and encodes the value again. A `bare:` kind is
+/// a value as data directory format 2 stored it, without its format byte: it is upgraded as
+/// opening the store upgrades it, read, written again, and compared without the format byte.
 fn round_trip(kind: &str, bytes: &[u8]) -> Result<Vec<u8>, String> {
-    fn plain<T: serde::Serialize + serde::de::DeserializeOwned>(
-        b: &[u8],
-    ) -> Result<Vec<u8>, String> {
-        let v: T = codec::decode(b).map_err(|e| e.to_string())?;
-        codec::encode(&v).map_err(|e| e.to_string())
-    }
     fn meta<T: serde::Serialize + serde::de::DeserializeOwned>(
         b: &[u8],
     ) -> Result<Vec<u8>, String> {
-        let v: T = codec::decode_versioned(sm::META_FORMAT, b)?;
-        codec::encode_versioned(sm::META_FORMAT, &v).map_err(|e| e.to_string())
+        let v: T = values::decode(b)?;
+        values::encode(&v).map_err(|e| e.to_string())
+    }
+    if let Some(kind) = kind.strip_prefix("bare:") {
+        let again = round_trip(kind, &values::with_format_byte(bytes))?;
+        return match again.split_first() {
+            Some((&values::META_FORMAT, rest)) => Ok(rest.to_vec()),
+            _ => Err(format!(
+                "written again without the format byte: {again:02x?}"
+            )),
+        };
     }
     match kind {
         k if k.starts_with("log:") => {
             let entry = log::decode_entry(bytes).map_err(|e| e.to_string())?;
             log::encode_entry(&entry).map_err(|e| e.to_string())
         }
-        "raft:vote" => plain::<Vote>(bytes),
-        "raft:committed" | "sm:applied" => plain::<Option<LogId>>(bytes),
-        "raft:last_purged" => plain::<LogId>(bytes),
-        "sm:membership" => plain::<StoredMembership>(bytes),
-        "sm:state" => plain::<SmMeta>(bytes),
+        "raft:vote" => meta::<Vote>(bytes),
+        "raft:committed" | "sm:applied" => meta::<Option<LogId>>(bytes),
+        "raft:last_purged" => meta::<LogId>(bytes),
+        "sm:membership" => meta::<StoredMembership>(bytes),
+        "sm:state" => meta::<SmMeta>(bytes),
         "sm:topic" => meta::<TopicMeta>(bytes),
         "sm:subscription" => meta::<SubState>(bytes),
         "sm:producer" => meta::<ProducerState>(bytes),
@@ -211,4 +226,70 @@ fn capture() {
         }
     }
     std::fs::write(fixture(), out).expect("write the fixture");
+}
+
+/// Snapshot files as raftq wrote them in each snapshot format, taken from real nodes (format 1
+/// by a node of data directory format 2; format 2 by today's): each is read (a format 1 file's
+/// bare values getting their version byte), every value in it reads back and writes again byte
+/// for byte, it loads into a store of today that the state machine opens, and a snapshot built
+/// from that store, in today's format, holds the same pairs byte for byte.
+#[test]
+fn snapshot_files_of_every_format_load_and_build_again_byte_for_byte() {
+    use super::snapshot;
+    let fixtures = fixture().with_file_name("");
+    for (name, format) in [("snapshot-format1.snap", 1), ("snapshot-format2.snap", 2)] {
+        let path = fixtures.join(name);
+        let bytes = std::fs::read(&path).expect("the snapshot fixture");
+        assert_eq!(
+            bytes[8..12],
+            u32::to_le_bytes(format),
+            "{name}: format number"
+        );
+        let pairs = |path: &Path| {
+            let mut pairs = Vec::new();
+            let file = std::fs::File::open(path).expect("open the snapshot");
+            let meta = snapshot::read(file, |k, v| {
+                pairs.push((k, v));
+                Ok(())
+            })
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            (meta, pairs)
+        };
+        let (meta, stored) = pairs(&path);
+        for (key, value) in &stored {
+            let kind = kind_of(CF_SM, key, value)
+                .unwrap_or_else(|| panic!("{name}: a value of no known kind at {key:02x?}"));
+            assert_eq!(
+                round_trip(&kind, value).as_ref(),
+                Ok(value),
+                "{name}: {kind} does not read back and write again byte for byte"
+            );
+        }
+
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = super::open_db(&dir.path().join("db")).expect("open db");
+        snapshot::load_into(&db, &path).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let sm = sm::SmShared::open(db.clone(), dir.path().join("snapshots"))
+            .unwrap_or_else(|e| panic!("{name}: the state machine does not open: {e}"));
+        {
+            let view = sm.view();
+            assert_eq!(view.last_applied, meta.last_log_id, "{name}");
+            assert_eq!(view.membership, meta.last_membership, "{name}");
+            let topics: Vec<&str> = view.state.topics.keys().map(String::as_str).collect();
+            assert_eq!(topics, ["orders", "orders.dlq"], "{name}");
+        }
+        let (built, built_path, _) =
+            snapshot::build(&db, &dir.path().join("built"), 1).expect("build a snapshot");
+        assert_eq!(built.raft_meta(), meta.raft_meta(), "{name}");
+        let again = std::fs::read(&built_path).expect("read the built snapshot");
+        assert_eq!(
+            again[8..12],
+            u32::to_le_bytes(snapshot::FORMAT_VERSION),
+            "{name}: built in today's format"
+        );
+        assert!(
+            pairs(&built_path).1 == stored,
+            "{name}: the snapshot built from what it loaded holds other pairs"
+        );
+    }
 }

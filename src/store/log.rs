@@ -25,7 +25,7 @@ use openraft::{OptionalSend, RaftLogReader};
 use rocksdb::{Direction, IteratorMode, WriteBatch, DB};
 
 use super::watermark::{Marks, Watermark};
-use super::{keys, CF_LOG, CF_RAFT};
+use super::{keys, values, CF_LOG, CF_RAFT};
 use crate::codec;
 use crate::raft::{to_io, Entry, LogId, StorageResult, TypeConfig, Vote};
 
@@ -150,12 +150,12 @@ pub fn stored_marks(db: &DB) -> StorageResult<Marks> {
     // Stored as a plain log id by `purge` (and by a restore), absent before the first purge.
     let last_purged: Option<LogId> = match meta(keys::LAST_PURGED)? {
         Some(b) => {
-            Some(codec::decode(&b).map_err(|e| to_io(format!("corrupt last purged id: {e}")))?)
+            Some(values::decode(&b).map_err(|e| to_io(format!("corrupt last purged id: {e}")))?)
         }
         None => None,
     };
     let vote: Option<Vote> = match meta(keys::VOTE)? {
-        Some(b) => Some(codec::decode(&b).map_err(|e| to_io(format!("corrupt vote: {e}")))?),
+        Some(b) => Some(values::decode(&b).map_err(|e| to_io(format!("corrupt vote: {e}")))?),
         None => None,
     };
     let log = db
@@ -181,13 +181,13 @@ pub fn adopt_vote(db: &DB, vote: &Vote) -> StorageResult<()> {
         .ok_or_else(|| to_io("column family raft missing"))?;
     if let Some(bytes) = db.get_cf(raft, keys::VOTE).map_err(to_io)? {
         let stored: Vote =
-            codec::decode(&bytes).map_err(|e| to_io(format!("corrupt vote: {e}")))?;
+            values::decode(&bytes).map_err(|e| to_io(format!("corrupt vote: {e}")))?;
         if stored.leader_id().term() >= vote.leader_id().term() {
             return Ok(());
         }
     }
     let mut batch = WriteBatch::default();
-    batch.put_cf(raft, keys::VOTE, codec::encode(vote).map_err(to_io)?);
+    batch.put_cf(raft, keys::VOTE, values::encode(vote).map_err(to_io)?);
     db.write_opt(batch, &super::write_options(true))
         .map_err(to_io)
 }
@@ -241,7 +241,7 @@ impl LogStore {
         let cf = self.cf(CF_RAFT)?;
         match self.db.get_cf(cf, key).map_err(to_io)? {
             None => Ok(None),
-            Some(bytes) => codec::decode(&bytes)
+            Some(bytes) => values::decode(&bytes)
                 .map(Some)
                 .map_err(|e| to_io(format!("corrupt raft metadata {key:?}: {e}"))),
         }
@@ -333,7 +333,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn save_vote(&mut self, vote: &Vote) -> StorageResult<()> {
         let mut batch = WriteBatch::default();
-        let bytes = codec::encode(vote).map_err(to_io)?;
+        let bytes = values::encode(vote).map_err(to_io)?;
         batch.put_cf(self.cf(CF_RAFT)?, keys::VOTE, bytes);
         self.write_synced(batch).await?;
         // Then the watermark says a vote of this term was on disk: a store found later with
@@ -354,7 +354,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             self.committed.fetch_max(c.index, Ordering::Relaxed);
         }
         let mut batch = WriteBatch::default();
-        let bytes = codec::encode(&committed).map_err(to_io)?;
+        let bytes = values::encode(&committed).map_err(to_io)?;
         batch.put_cf(self.cf(CF_RAFT)?, keys::COMMITTED, bytes);
         self.write_unsynced(batch)
     }
@@ -423,7 +423,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn purge(&mut self, log_id: LogId) -> StorageResult<()> {
         let mut batch = WriteBatch::default();
-        let bytes = codec::encode(&log_id).map_err(to_io)?;
+        let bytes = values::encode(&log_id).map_err(to_io)?;
         // Recording the purge point and deleting what it covers in one synced batch: a crash
         // leaves both or neither.
         batch.put_cf(self.cf(CF_RAFT)?, keys::LAST_PURGED, bytes);

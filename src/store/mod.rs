@@ -1,7 +1,8 @@
 //! Durable storage: one RocksDB instance per node with three column families.
 //!
 //! - `log`: Raft log entries, key = index (big-endian u64), value = encoded entry.
-//! - `raft`: Raft metadata: the vote, the committed log id, the last purged log id.
+//! - `raft`: Raft metadata: the vote, the committed log id, the last purged log id, and the
+//!   record that every value carries a format byte (`values`).
 //! - `sm`: the state machine: topic metadata, records, applied log id, membership, clock.
 //!
 //! All three share one write-ahead log, so a WAL fsync (the log flusher's after appends, or a
@@ -17,6 +18,7 @@ pub mod faults;
 pub mod log;
 pub mod sm;
 pub mod snapshot;
+pub mod values;
 pub mod watermark;
 
 #[cfg(test)]
@@ -81,7 +83,15 @@ pub fn open_db_with(path: &Path, write_buffer_bytes: u64) -> Result<Arc<DB>, roc
         cf.set_write_buffer_size(buffer);
         ColumnFamilyDescriptor::new(name, cf)
     });
-    Ok(Arc::new(DB::open_cf_descriptors(&opts, path, cfs)?))
+    let db = DB::open_cf_descriptors(&opts, path, cfs)?;
+    let rewritten = values::upgrade(&db)?;
+    if rewritten > 0 {
+        tracing::info!(
+            values = rewritten,
+            "the store's Raft and state metadata now carry a format byte (data directory format 2 to 3)"
+        );
+    }
+    Ok(Arc::new(db))
 }
 
 /// Reads every entry of every column family once, so that RocksDB checks the checksum of
@@ -195,4 +205,6 @@ pub mod keys {
     pub const VOTE: &[u8] = b"vote";
     pub const COMMITTED: &[u8] = b"committed";
     pub const LAST_PURGED: &[u8] = b"last_purged";
+    /// Present once every value of the store carries a format byte (`values::upgrade`).
+    pub const VALUES_FORMAT: &[u8] = b"format";
 }

@@ -15,7 +15,7 @@ use openraft::{EntryPayload, RaftSnapshotBuilder};
 use rocksdb::{Direction, IteratorMode, WriteBatch, DB};
 use tokio::sync::watch;
 
-use super::{keys, snapshot, CF_SM};
+use super::{keys, snapshot, values, CF_SM};
 use crate::codec;
 use crate::raft::{
     to_io, Entry, LogId, Snapshot, SnapshotData, SnapshotMeta, StorageResult, StoredMembership,
@@ -28,8 +28,6 @@ use crate::state::{
 
 /// Version byte in front of every stored record.
 const RECORD_FORMAT: u8 = 1;
-/// Version byte in front of stored topic metadata, subscriptions and producers.
-pub(crate) const META_FORMAT: u8 = 1;
 
 /// The applied state as readers see it.
 #[derive(Debug, Default)]
@@ -338,7 +336,7 @@ impl SmShared {
                     batch.put_cf(
                         cf,
                         keys::producer(meta.id, &producer_id),
-                        codec::encode_versioned(META_FORMAT, p).map_err(enc)?,
+                        values::encode(p).map_err(enc)?,
                     );
                 }
                 Write::DeleteProducer { topic, producer_id } => {
@@ -367,22 +365,14 @@ impl SmShared {
         // Ids are never reused, so a subscription deleted in this batch is simply absent.
         for id in subs_touched {
             if let Some(sub) = view.state.subs.get(&id) {
-                batch.put_cf(
-                    cf,
-                    keys::sub(id),
-                    codec::encode_versioned(META_FORMAT, sub).map_err(enc)?,
-                );
+                batch.put_cf(cf, keys::sub(id), values::encode(sub).map_err(enc)?);
             }
         }
         // Written once, after any delete of the same name in this batch: a topic deleted and
         // created again within one apply call ends up with its new metadata.
         for name in topics_touched {
             if let Some(meta) = view.state.topics.get(&name) {
-                batch.put_cf(
-                    cf,
-                    keys::topic(&name),
-                    codec::encode_versioned(META_FORMAT, meta).map_err(enc)?,
-                );
+                batch.put_cf(cf, keys::topic(&name), values::encode(meta).map_err(enc)?);
             }
         }
         let sm_meta = SmMeta::V1 {
@@ -391,17 +381,17 @@ impl SmShared {
             next_sub_id: view.state.next_sub_id,
             retired_nodes: view.state.retired_nodes.iter().copied().collect(),
         };
-        batch.put_cf(cf, keys::SM_META, codec::encode(&sm_meta).map_err(enc)?);
+        batch.put_cf(cf, keys::SM_META, values::encode(&sm_meta).map_err(enc)?);
         batch.put_cf(
             cf,
             keys::APPLIED,
-            codec::encode(&view.last_applied).map_err(enc)?,
+            values::encode(&view.last_applied).map_err(enc)?,
         );
         if membership_changed {
             batch.put_cf(
                 cf,
                 keys::MEMBERSHIP,
-                codec::encode(&view.membership).map_err(enc)?,
+                values::encode(&view.membership).map_err(enc)?,
             );
         }
         // Not synced: every applied entry is already fsynced in the Raft log, and the log and
@@ -480,13 +470,7 @@ impl SmShared {
                 .map_err(to_io)?;
         drop(view);
         let (meta, path) = self.adopt_built(meta, path, bytes);
-        tracing::info!(
-            snapshot = %meta.snapshot_id,
-            index = meta.last_log_id.map_or(0, |id| id.index),
-            bytes,
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            "snapshot built"
-        );
+        log_snapshot("built", &meta, bytes, started);
         metrics::histogram!("raftq_snapshot_build_seconds").record(started.elapsed().as_secs_f64());
         Ok((meta, path))
     }
@@ -539,13 +523,7 @@ impl SmShared {
         super::faults::point(super::faults::INSTALL_STORED).map_err(fault)?;
         let bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
         self.load_snapshot(&path).map_err(fail)?;
-        tracing::info!(
-            snapshot = %got.snapshot_id,
-            index = got.last_log_id.map_or(0, |id| id.index),
-            bytes,
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            "snapshot installed"
-        );
+        log_snapshot("installed", &got, bytes, started);
         metrics::histogram!("raftq_snapshot_install_seconds")
             .record(started.elapsed().as_secs_f64());
         super::faults::point(super::faults::INSTALL_LOADED).map_err(fault)?;
@@ -563,12 +541,25 @@ impl SmShared {
     }
 }
 
+/// Logs a snapshot built or installed (`done`) and how long it took.
+fn log_snapshot(done: &str, meta: &snapshot::FileMeta, bytes: u64, started: std::time::Instant) {
+    tracing::info!(
+        snapshot = %meta.snapshot_id,
+        index = meta.last_log_id.map_or(0, |id| id.index),
+        bytes,
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "snapshot {done}"
+    );
+}
+
 fn read_applied(db: &DB) -> anyhow::Result<Option<LogId>> {
     let cf = db
         .cf_handle(CF_SM)
         .ok_or_else(|| anyhow::anyhow!("column family sm missing"))?;
     Ok(match db.get_cf(cf, keys::APPLIED)? {
-        Some(b) => codec::decode(&b)?,
+        Some(b) => {
+            values::decode(&b).map_err(|e| anyhow::anyhow!("corrupt applied log id: {e}"))?
+        }
         None => None,
     })
 }
@@ -583,7 +574,8 @@ fn load_view(db: &DB) -> anyhow::Result<SmView> {
         ..Default::default()
     };
     if let Some(b) = db.get_cf(cf, keys::MEMBERSHIP)? {
-        view.membership = codec::decode(&b)?;
+        view.membership =
+            values::decode(&b).map_err(|e| anyhow::anyhow!("corrupt membership: {e}"))?;
     }
     if let Some(b) = db.get_cf(cf, keys::SM_META)? {
         let SmMeta::V1 {
@@ -591,7 +583,7 @@ fn load_view(db: &DB) -> anyhow::Result<SmView> {
             next_topic_id,
             next_sub_id,
             retired_nodes,
-        } = codec::decode(&b)?;
+        } = values::decode(&b).map_err(|e| anyhow::anyhow!("corrupt state machine clock: {e}"))?;
         view.state.retired_nodes = retired_nodes.into_iter().collect();
         view.state.clock_ms = clock_ms;
         view.state.next_topic_id = next_topic_id;
@@ -603,8 +595,8 @@ fn load_view(db: &DB) -> anyhow::Result<SmView> {
         if k.first() != Some(&keys::SUB_PREFIX) {
             break;
         }
-        let sub: SubState = codec::decode_versioned(META_FORMAT, &v)
-            .map_err(|e| anyhow::anyhow!("corrupt subscription {k:?}: {e}"))?;
+        let sub: SubState =
+            values::decode(&v).map_err(|e| anyhow::anyhow!("corrupt subscription {k:?}: {e}"))?;
         view.state.restore_sub(sub);
     }
     let prefix = [keys::TOPIC_PREFIX];
@@ -614,7 +606,7 @@ fn load_view(db: &DB) -> anyhow::Result<SmView> {
             break;
         }
         let name = String::from_utf8(k[1..].to_vec())?;
-        let meta: TopicMeta = codec::decode_versioned(META_FORMAT, &v)
+        let meta: TopicMeta = values::decode(&v)
             .map_err(|e| anyhow::anyhow!("corrupt metadata of topic {name:?}: {e}"))?;
         view.state.topics.insert(name, meta);
     }
@@ -632,7 +624,7 @@ fn load_view(db: &DB) -> anyhow::Result<SmView> {
         }
         let (topic_id, producer_id) = keys::parse_producer(&k)
             .ok_or_else(|| anyhow::anyhow!("corrupt producer key {k:?}"))?;
-        let state: ProducerState = codec::decode_versioned(META_FORMAT, &v)
+        let state: ProducerState = values::decode(&v)
             .map_err(|e| anyhow::anyhow!("corrupt producer {producer_id:?}: {e}"))?;
         // A producer of a deleted topic is removed with it; one left over is ignored.
         if let Some(topic) = topic_names.get(&topic_id) {

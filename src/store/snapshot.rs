@@ -5,6 +5,11 @@
 //! [`FileMeta`]), then key/value pairs as `u32` key length, key, `u32` value length,
 //! value; then `u32::MAX`, the `u64` pair count, and a `u32` CRC-32 of every byte before it.
 //!
+//! Format 2 (written today) holds the `sm` family's values as stored, each behind its format
+//! byte (`values`); format 1 held the applied id, membership and clock bare, and reading one
+//! gives them their format byte, so a format 1 file (an older node's snapshot, a backup) loads
+//! into a store of today.
+//!
 //! A snapshot is written to `NAME.tmp`, fsynced, renamed to `NAME`, and the directory is
 //! fsynced: a crash at any step leaves the old snapshot or the new one, never a torn one.
 //! Files are read through a streaming reader and never held in memory whole.
@@ -18,7 +23,7 @@ use rocksdb::{IteratorMode, ReadOptions, WriteBatch, DB};
 
 use super::datadir::sync_dir;
 use super::faults;
-use super::{keys, CF_SM};
+use super::{keys, values, CF_SM};
 use crate::codec;
 use crate::raft::{LogId, SnapshotMeta, StoredMembership};
 
@@ -44,7 +49,9 @@ impl FileMeta {
 
 const MAGIC: &[u8; 8] = b"RAFTQSNP";
 /// Current snapshot format. Unknown versions are refused with a clear error.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
+/// The format before the state's metadata values carried a format byte; still read.
+const FORMAT_BARE_META: u32 = 1;
 const END_MARK: u32 = u32::MAX;
 /// Upper bound for one key or value in a snapshot (a record is at most 16 MiB plus framing).
 const MAX_ITEM: u32 = 64 << 20;
@@ -55,7 +62,10 @@ pub enum SnapshotError {
     Io(#[from] io::Error),
     #[error("snapshot is not a raftq snapshot (bad magic)")]
     BadMagic,
-    #[error("snapshot has format version {0}; this raftq reads version {FORMAT_VERSION}")]
+    #[error(
+        "snapshot has format version {0}; this raftq reads versions {FORMAT_BARE_META} to \
+         {FORMAT_VERSION}"
+    )]
     UnknownVersion(u32),
     #[error("snapshot is corrupt: {0}")]
     Corrupt(String),
@@ -148,11 +158,11 @@ pub fn build_from(
         .ok_or_else(|| SnapshotError::Corrupt("column family sm missing".into()))?;
     let get = |key: &[u8]| view.get_cf(cf, key);
     let last_log_id: Option<LogId> = match get(keys::APPLIED)? {
-        Some(b) => codec::decode(&b).map_err(|e| SnapshotError::Corrupt(e.to_string()))?,
+        Some(b) => values::decode(&b).map_err(SnapshotError::Corrupt)?,
         None => None,
     };
     let membership: StoredMembership = match get(keys::MEMBERSHIP)? {
-        Some(b) => codec::decode(&b).map_err(|e| SnapshotError::Corrupt(e.to_string()))?,
+        Some(b) => values::decode(&b).map_err(SnapshotError::Corrupt)?,
         None => StoredMembership::default(),
     };
     let index = last_log_id.as_ref().map_or(0, |l| l.index);
@@ -207,7 +217,8 @@ pub fn build_from(
 }
 
 /// Reads a snapshot stream through to the end, checking magic, version, framing, count and
-/// checksum; calls `pair` for every key/value. Returns the meta.
+/// checksum; calls `pair` for every key/value, as stored today (a format 1 file's bare values
+/// get their format byte). Returns the meta.
 pub fn read(
     r: impl Read,
     mut pair: impl FnMut(Vec<u8>, Vec<u8>) -> Result<(), SnapshotError>,
@@ -222,7 +233,7 @@ pub fn read(
         return Err(SnapshotError::BadMagic);
     }
     let version = read_u32(&mut r)?;
-    if version != FORMAT_VERSION {
+    if !(FORMAT_BARE_META..=FORMAT_VERSION).contains(&version) {
         return Err(SnapshotError::UnknownVersion(version));
     }
     let meta_len = read_u64(&mut r)?;
@@ -241,6 +252,10 @@ pub fn read(
         let k = read_item(&mut r, klen)?;
         let vlen = read_u32(&mut r)?;
         let v = read_item(&mut r, vlen)?;
+        let v = match version == FORMAT_BARE_META && values::is_bare_sm_key(&k) {
+            true => values::with_format_byte(&v),
+            false => v,
+        };
         pair(k, v)?;
         count += 1;
     }

@@ -16,11 +16,22 @@ fn record(v: &str) -> NewRecord {
 }
 
 fn idempotent(topic: &str, producer: &str, sequence: u64, n: usize) -> Command {
+    let records = (0..n)
+        .map(|i| record(&format!("{producer}-{sequence}-{i}")))
+        .collect();
+    idempotent_records(topic, producer, sequence, records)
+}
+
+/// A publish of `records` as batch `sequence` of `producer`.
+fn idempotent_records(
+    topic: &str,
+    producer: &str,
+    sequence: u64,
+    records: Vec<NewRecord>,
+) -> Command {
     Command::Publish(Publish {
         topic: topic.into(),
-        records: (0..n)
-            .map(|i| record(&format!("{producer}-{sequence}-{i}")))
-            .collect(),
+        records,
         producer: Some(ProducerSeq {
             producer_id: producer.into(),
             sequence,
@@ -91,32 +102,11 @@ fn refused_batches_do_not_consume_their_sequence() {
             ..Default::default()
         },
     }));
-    let too_big = Command::Publish(Publish {
-        topic: "t".into(),
-        records: vec![record("12345")],
-        producer: Some(ProducerSeq {
-            producer_id: "p".into(),
-            sequence: 0,
-        }),
-    });
+    let too_big = idempotent_records("t", "p", 0, vec![record("12345")]);
     assert!(matches!(h.run(too_big), Err(ApplyError::RecordTooLarge(_))));
-    let ok = Command::Publish(Publish {
-        topic: "t".into(),
-        records: vec![record("1234")],
-        producer: Some(ProducerSeq {
-            producer_id: "p".into(),
-            sequence: 0,
-        }),
-    });
+    let ok = idempotent_records("t", "p", 0, vec![record("1234")]);
     assert_eq!(h.run(ok), published(0, 0, false));
-    let bad_id = Command::Publish(Publish {
-        topic: "t".into(),
-        records: vec![record("1")],
-        producer: Some(ProducerSeq {
-            producer_id: "has space".into(),
-            sequence: 0,
-        }),
-    });
+    let bad_id = idempotent_records("t", "has space", 0, vec![record("1")]);
     assert!(matches!(h.run(bad_id), Err(ApplyError::InvalidArgument(_))));
 }
 

@@ -127,6 +127,17 @@ impl Harness {
         }
     }
 
+    /// Nacks `receipt` with `dead_letter: true` and no delay.
+    fn dead_letter_now(&mut self, receipt: Receipt) -> Vec<ReceiptOutcome> {
+        self.settle(
+            ReceiptAction::Nack {
+                delay_ms: 0,
+                dead_letter: true,
+            },
+            vec![receipt],
+        )
+    }
+
     fn sub(&self) -> &SubState {
         self.state.sub("t", "s").expect("subscription")
     }
@@ -676,13 +687,7 @@ fn dead_letter_without_a_topic_is_counted_discarded() {
     h.subscribe("t", "s", settings(100, Some(1), None));
     let d = h.pull(2, None);
     assert_eq!(
-        h.settle(
-            ReceiptAction::Nack {
-                delay_ms: 0,
-                dead_letter: true
-            },
-            vec![d[0].receipt]
-        ),
+        h.dead_letter_now(d[0].receipt),
         vec![ReceiptOutcome::DeadLettered]
     );
     h.clock += 100;
@@ -864,13 +869,7 @@ fn apply_stops_on_a_record_it_cannot_read() {
     h.subscribe("t", "s", settings(100, Some(1), Some("dlq")));
     let d = h.pull(1, None);
     assert_eq!(
-        h.settle(
-            ReceiptAction::Nack {
-                delay_ms: 0,
-                dead_letter: true
-            },
-            vec![d[0].receipt]
-        ),
+        h.dead_letter_now(d[0].receipt),
         vec![ReceiptOutcome::DeadLettered]
     );
 }

@@ -56,14 +56,33 @@
 //! outcome belongs to its last delivery: a record delivered again after an ack was not settled
 //! by that ack. How many of them the server really acked is then decided by its own count of
 //! acks after the final drain ([`check_ack_count`]), which the chaos run compares.
+//!
+//! # Modules
+//! - `walk`: one pass over the history, gathering what each op says about values, deliveries,
+//!   acks, nacks, extends and cursor moves.
+//! - `values`: per value: one value at two offsets (`appended_twice`), and whether every
+//!   acknowledged value was settled on every subscription (`lost`, `never_delivered`,
+//!   `ack_unknown`).
+//! - `deliveries`: per delivered record: `unexpected`, `recovered`, `aborted_read`,
+//!   `duplicated`, `delivery_after_ack`, `double_ack`.
+//! - `leases`: the lease and real-time checks: `early_redelivery`, `lease_overlap`,
+//!   `early_retention`.
+//!
+//! [`Op::Pull`]: crate::history::Op::Pull
+//! [`Op::final_pull`]: crate::history::Op::final_pull
+//! [`Op::FinalRead`]: crate::history::Op::FinalRead
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
-use raftq_client::api::ReceiptStatus;
 use serde::{Deserialize, Serialize};
 
-use super::{Anomaly, Finding, Verdict};
-use crate::history::{op_counts, pairs, Event, Kind, Op, OpCounts, OpResult};
+use super::{Anomaly, Verdict};
+use crate::history::{op_counts, pairs, Event, OpCounts};
+
+mod deliveries;
+mod leases;
+mod values;
+mod walk;
 
 /// The slowest real time may pass against the server's time: its clock runs at most 1 %
 /// faster than real time (so a span of server time `t` lasts at least `0.99 t` in real time).
@@ -232,6 +251,68 @@ struct AckRec {
 type SubKey = (String, String);
 type RecKey = (String, String, String);
 
+/// What the history says, gathered in one pass over it (`walk`); the checks read it.
+struct Seen {
+    /// (topic, value) -> best publish outcome and the invokes.
+    published: HashMap<(String, String), (PubOutcome, Vec<u64>)>,
+    /// Topic -> values of its `ok` publishes.
+    acknowledged: BTreeMap<String, BTreeSet<String>>,
+    /// Every (topic, subscription) pulled.
+    subscriptions: BTreeSet<SubKey>,
+    /// (topic, subscription, value) -> every delivery of it.
+    deliveries: BTreeMap<RecKey, Vec<DeliveryRec>>,
+    /// (topic, subscription, value) -> its `ok` acks answered `acked`.
+    acks: BTreeMap<RecKey, Vec<AckRec>>,
+    /// Receipts nacked (`released` or `dead_lettered`).
+    released: BTreeSet<String>,
+    /// (topic, subscription, value) dead-lettered by an `ok` nack.
+    dead: BTreeSet<RecKey>,
+    /// Values seen on the dead-letter topic.
+    dead_letter_values: BTreeSet<String>,
+    /// (topic, subscription, receipt) named by an ack or nack with an unknown outcome, with
+    /// the invokes of those ops and whether one of them was an ack.
+    in_doubt: BTreeMap<RecKey, (Vec<u64>, bool)>,
+    /// Receipt -> the latest lease end (server time) an `ok` extend answered `extended` gave.
+    extended: HashMap<String, u64>,
+    /// Backward cursor moves per subscription: (invoke, complete).
+    seeks: HashMap<SubKey, Vec<(u64, u64)>>,
+    /// (topic, value) -> offsets it was seen at (deliveries and final reads), and where.
+    offsets_of: BTreeMap<(String, String), (BTreeSet<u64>, Vec<u64>)>,
+    /// Real-time bounds of leases: receipts acked (`ok`, `acked`), the earliest invoke of a
+    /// nack of each receipt that may have released it, and the real-time end of each receipt's
+    /// lease as moved by extends.
+    acked_receipts: HashSet<String>,
+    nacked_at: HashMap<String, u64>,
+    extended_until_us: HashMap<String, u64>,
+    /// The retention topic: value -> (acknowledged, earliest publish invoke µs, publish
+    /// invokes); its final reads: (node, completion µs, completion index, values).
+    aged: BTreeMap<String, (bool, u64, Vec<u64>)>,
+    aged_reads: Vec<(u64, u64, u64, HashSet<String>)>,
+}
+
+impl Seen {
+    /// A seek on `sub` may have happened after event `after` (an invoke) and before `before`
+    /// (a completion).
+    fn seek_between(&self, sub: &SubKey, after: u64, before: u64) -> bool {
+        self.seeks
+            .get(sub)
+            .is_some_and(|v| v.iter().any(|&(i, c)| i < before && c > after))
+    }
+
+    /// The unknown-outcome acks and nacks of the last delivery of a record (the one with the
+    /// highest delivery count): only those may have settled it without a definite answer, since
+    /// a record settled is never delivered again. With whether one of them was an ack.
+    fn doubt_of(&self, key: &RecKey) -> Option<&(Vec<u64>, bool)> {
+        let last = self
+            .deliveries
+            .get(key)?
+            .iter()
+            .max_by_key(|d| d.delivery_count)?;
+        self.in_doubt
+            .get(&(key.0.clone(), key.1.clone(), last.receipt.clone()))
+    }
+}
+
 /// Judges a queue-workload history.
 pub fn check(events: &[Event], opts: &QueueOptions) -> QueueReport {
     let pairs = pairs(events);
@@ -239,570 +320,26 @@ pub fn check(events: &[Event], opts: &QueueOptions) -> QueueReport {
         counts: op_counts(events),
         ..QueueReport::default()
     };
+    let seen = walk::walk(&pairs, opts, &mut report);
+    values::appended_twice(&seen, &mut report);
+    values::settled(&seen, &mut report);
+    deliveries::judge(&seen, &mut report);
+    leases::early_retention(&seen, opts, &mut report);
 
-    // (topic, value) -> best publish outcome and the invokes.
-    let mut published: HashMap<(String, String), (PubOutcome, Vec<u64>)> = HashMap::new();
-    let mut acknowledged: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    let mut subscriptions: BTreeSet<SubKey> = BTreeSet::new();
-    let mut deliveries: BTreeMap<RecKey, Vec<DeliveryRec>> = BTreeMap::new();
-    let mut acks: BTreeMap<RecKey, Vec<AckRec>> = BTreeMap::new();
-    let mut released: BTreeSet<String> = BTreeSet::new();
-    // (topic, subscription, value) dead-lettered by an `ok` nack.
-    let mut dead: BTreeSet<RecKey> = BTreeSet::new();
-    // Values seen on the dead-letter topic.
-    let mut dead_letter_values: BTreeSet<String> = BTreeSet::new();
-    // (topic, subscription, receipt) named by an ack or nack with an unknown outcome, with
-    // the invokes of those ops and whether one of them was an ack.
-    let mut in_doubt: BTreeMap<RecKey, (Vec<u64>, bool)> = BTreeMap::new();
-    let dead_letter_topic = opts.dead_letter_topic.as_deref();
-    let mut extended: HashMap<String, u64> = HashMap::new();
-    // Backward cursor moves per subscription: (invoke, complete).
-    let mut seeks: HashMap<SubKey, Vec<(u64, u64)>> = HashMap::new();
-    // (topic, value) -> offsets it was seen at (deliveries and final reads), and where.
-    let mut offsets_of: BTreeMap<(String, String), (BTreeSet<u64>, Vec<u64>)> = BTreeMap::new();
-    // Real-time bounds of leases: receipts acked (`ok`, `acked`), the earliest invoke of a
-    // nack of each receipt that may have released it, and the real-time end of each receipt's
-    // lease as moved by extends.
-    let mut acked_receipts: HashSet<String> = HashSet::new();
-    let mut nacked_at: HashMap<String, u64> = HashMap::new();
-    let mut extended_until_us: HashMap<String, u64> = HashMap::new();
-    // The retention topic: value -> (acknowledged, earliest publish invoke µs, publish
-    // invokes); its final reads: (node, completion µs, completion index, values).
-    let retention = opts.retention.as_ref();
-    let mut aged: BTreeMap<String, (bool, u64, Vec<u64>)> = BTreeMap::new();
-    let mut aged_reads: Vec<(u64, u64, u64, HashSet<String>)> = Vec::new();
-    let time_of = |pair: &crate::history::Pair<'_>| {
-        (
-            pair.invoke.time_us,
-            pair.completion.map_or(u64::MAX, |c| c.time_us),
-        )
-    };
-
-    for pair in &pairs {
-        match pair.op() {
-            Op::Publish { topic, values, .. } if retention.is_some_and(|r| &r.topic == topic) => {
-                let ok = pair.outcome() == Kind::Ok;
-                for value in values {
-                    let entry = aged.entry(value.clone()).or_insert((
-                        false,
-                        pair.invoke.time_us,
-                        Vec::new(),
-                    ));
-                    entry.0 |= ok;
-                    entry.1 = entry.1.min(pair.invoke.time_us);
-                    entry.2.push(pair.invoke_index());
-                }
-            }
-            Op::FinalRead { topic, node } if retention.is_some_and(|r| &r.topic == topic) => {
-                if let Some(OpResult::Records { records }) = pair.result() {
-                    aged_reads.push((
-                        *node,
-                        time_of(pair).1,
-                        pair.complete_index(),
-                        records.iter().map(|(_, v)| v.clone()).collect(),
-                    ));
-                    for (offset, value) in records {
-                        let seen = offsets_of
-                            .entry((topic.clone(), value.clone()))
-                            .or_default();
-                        seen.0.insert(*offset);
-                        seen.1.push(pair.complete_index());
-                    }
-                }
-            }
-            Op::Publish { topic, values, .. } => {
-                let outcome = match pair.outcome() {
-                    Kind::Ok => PubOutcome::Ok,
-                    Kind::Fail => PubOutcome::Fail,
-                    _ => PubOutcome::Info,
-                };
-                for value in values {
-                    report.attempts += 1;
-                    let entry = published
-                        .entry((topic.clone(), value.clone()))
-                        .or_insert((outcome, Vec::new()));
-                    entry.0 = entry.0.min(outcome);
-                    entry.1.push(pair.invoke_index());
-                    if outcome == PubOutcome::Ok {
-                        acknowledged
-                            .entry(topic.clone())
-                            .or_default()
-                            .insert(value.clone());
-                    }
-                }
-            }
-            Op::Pull {
-                topic,
-                subscription,
-                ack_timeout_ms,
-                final_drain,
-            } => {
-                if Some(topic.as_str()) == dead_letter_topic {
-                    if let Some(OpResult::Pull { deliveries: ds }) = pair.result() {
-                        dead_letter_values.extend(ds.iter().map(|d| d.value.clone()));
-                    }
-                    continue;
-                }
-                subscriptions.insert((topic.clone(), subscription.clone()));
-                let Some(OpResult::Pull { deliveries: ds }) = pair.result() else {
-                    continue;
-                };
-                let timeout = ack_timeout_ms.unwrap_or(opts.ack_timeout_ms);
-                for d in ds {
-                    let seen = offsets_of
-                        .entry((topic.clone(), d.value.clone()))
-                        .or_default();
-                    seen.0.insert(d.offset);
-                    seen.1.push(pair.complete_index());
-                    let key = (topic.clone(), subscription.clone(), d.value.clone());
-                    let (invoke_us, complete_us) = time_of(pair);
-                    deliveries.entry(key).or_default().push(DeliveryRec {
-                        pull_invoke: pair.invoke_index(),
-                        pull_complete: pair.complete_index(),
-                        pull_invoke_us: invoke_us,
-                        pull_complete_us: complete_us,
-                        lease_ms: timeout,
-                        offset: d.offset,
-                        receipt: d.receipt.clone(),
-                        delivery_count: d.delivery_count,
-                        lease_start: d.lease_expires_ms.saturating_sub(timeout),
-                        lease_end: d.lease_expires_ms,
-                        final_drain: *final_drain,
-                    });
-                }
-            }
-            Op::Ack {
-                topic,
-                subscription,
-                receipts,
-            } => {
-                if pair.outcome() == Kind::Info {
-                    for (receipt, _) in receipts {
-                        let key = (topic.clone(), subscription.clone(), receipt.clone());
-                        let entry = in_doubt.entry(key).or_default();
-                        entry.0.push(pair.invoke_index());
-                        entry.1 = true;
-                    }
-                }
-                let Some(OpResult::Receipts { results }) = pair.result() else {
-                    continue;
-                };
-                for (receipt, value, status, _) in receipt_outcomes(receipts, results) {
-                    if status == ReceiptStatus::Acked {
-                        acked_receipts.insert(receipt.clone());
-                        acks.entry((topic.clone(), subscription.clone(), value))
-                            .or_default()
-                            .push(AckRec {
-                                invoke: pair.invoke_index(),
-                                complete: pair.complete_index(),
-                                receipt,
-                            });
-                    }
-                }
-            }
-            Op::Nack {
-                topic,
-                subscription,
-                receipts,
-                ..
-            } => {
-                if pair.outcome() == Kind::Info {
-                    for (receipt, _) in receipts {
-                        let key = (topic.clone(), subscription.clone(), receipt.clone());
-                        in_doubt.entry(key).or_default().0.push(pair.invoke_index());
-                        let at = nacked_at.entry(receipt.clone()).or_insert(u64::MAX);
-                        *at = (*at).min(pair.invoke.time_us);
-                    }
-                }
-                let Some(OpResult::Receipts { results }) = pair.result() else {
-                    continue;
-                };
-                for (receipt, value, status, _) in receipt_outcomes(receipts, results) {
-                    if matches!(
-                        status,
-                        ReceiptStatus::Released | ReceiptStatus::DeadLettered
-                    ) {
-                        let at = nacked_at.entry(receipt.clone()).or_insert(u64::MAX);
-                        *at = (*at).min(pair.invoke.time_us);
-                        released.insert(receipt);
-                    }
-                    if status == ReceiptStatus::DeadLettered {
-                        dead.insert((topic.clone(), subscription.clone(), value));
-                    }
-                }
-            }
-            Op::Extend {
-                receipts,
-                ack_timeout_ms,
-                ..
-            } => {
-                let Some(OpResult::Receipts { results }) = pair.result() else {
-                    continue;
-                };
-                let lease = ack_timeout_ms.unwrap_or(opts.ack_timeout_ms);
-                for (receipt, _, status, expires) in receipt_outcomes(receipts, results) {
-                    if status == ReceiptStatus::Extended {
-                        let until = real_end_us(pair.invoke.time_us, lease);
-                        let end = extended_until_us.entry(receipt.clone()).or_insert(until);
-                        *end = (*end).max(until);
-                    }
-                    if let (ReceiptStatus::Extended, Some(e)) = (status, expires) {
-                        let end = extended.entry(receipt).or_insert(e);
-                        *end = (*end).max(e);
-                    }
-                }
-            }
-            Op::SetCursor {
-                topic,
-                subscription,
-                allow_backward: true,
-                ..
-            } if pair.outcome() != Kind::Fail => {
-                seeks
-                    .entry((topic.clone(), subscription.clone()))
-                    .or_default()
-                    .push((pair.invoke_index(), pair.complete_index()));
-            }
-            Op::FinalRead { topic, .. } => {
-                let Some(OpResult::Records { records }) = pair.result() else {
-                    continue;
-                };
-                if Some(topic.as_str()) == dead_letter_topic {
-                    dead_letter_values.extend(records.iter().map(|(_, v)| v.clone()));
-                    continue;
-                }
-                for (offset, value) in records {
-                    let seen = offsets_of
-                        .entry((topic.clone(), value.clone()))
-                        .or_default();
-                    seen.0.insert(*offset);
-                    seen.1.push(pair.complete_index());
-                }
-            }
-            _ => {}
-        }
-    }
-
-    for ((topic, value), (offsets, events)) in &offsets_of {
-        if offsets.len() > 1 {
-            let mut events = events.clone();
-            events.sort_unstable();
-            events.dedup();
-            report.appended_twice.push(Finding {
-                topic: topic.clone(),
-                value: Some(value.clone()),
-                offset: offsets.iter().next().copied(),
-                events,
-                detail: format!("at offsets {offsets:?}: the log holds it more than once"),
-                ..Finding::default()
-            });
-        }
-    }
-
-    // A seek on `sub` may have happened after event `after` (an invoke) and before `before`
-    // (a completion).
-    let seek_between = |sub: &SubKey, after: u64, before: u64| {
-        seeks
-            .get(sub)
-            .is_some_and(|v| v.iter().any(|&(i, c)| i < before && c > after))
-    };
-
-    // The unknown-outcome acks and nacks of the last delivery of a record (the one with the
-    // highest delivery count): only those may have settled it without a definite answer, since
-    // a record settled is never delivered again. With whether one of them was an ack.
-    let doubt_of = |key: &RecKey| -> Option<&(Vec<u64>, bool)> {
-        let last = deliveries
-            .get(key)?
-            .iter()
-            .max_by_key(|d| d.delivery_count)?;
-        in_doubt.get(&(key.0.clone(), key.1.clone(), last.receipt.clone()))
-    };
-
-    // lost: per topic, every subscription must settle (ack or dead-letter) every acknowledged
-    // value; never_delivered: the weaker, older definition (not even delivered).
-    for (topic, values) in &acknowledged {
-        let subs: Vec<&SubKey> = subscriptions.iter().filter(|(t, _)| t == topic).collect();
-        for value in values {
-            if subs.is_empty() {
-                let finding = Finding {
-                    topic: topic.clone(),
-                    value: Some(value.clone()),
-                    events: published_events(&published, topic, value),
-                    detail: "acknowledged, and the topic was never pulled".into(),
-                    ..Finding::default()
-                };
-                report.never_delivered.push(finding.clone());
-                report.lost.push(finding);
-            }
-            for (_, sub) in &subs {
-                let key = (topic.clone(), sub.clone(), value.clone());
-                let finding = |detail: String, events: Vec<u64>| Finding {
-                    topic: topic.clone(),
-                    subscription: Some(sub.clone()),
-                    value: Some(value.clone()),
-                    offset: deliveries.get(&key).map(|ds| ds[0].offset),
-                    events,
-                    detail,
-                };
-                let mut events = published_events(&published, topic, value);
-                let delivered = deliveries.get(&key).map(Vec::as_slice).unwrap_or_default();
-                events.extend(delivered.iter().map(|d| d.pull_complete));
-                if delivered.is_empty() {
-                    report.never_delivered.push(finding(
-                        "acknowledged, never delivered (not even by the final drain)".into(),
-                        events.clone(),
-                    ));
-                }
-                if acks.contains_key(&key) {
-                    report.acked += 1;
-                    continue;
-                }
-                if dead.contains(&key) || dead_letter_values.contains(value) {
-                    report.dead_lettered += 1;
-                    continue;
-                }
-                if let Some((invokes, _)) = doubt_of(&key) {
-                    events.extend(invokes);
-                    report.ack_unknown.push(finding(
-                        format!(
-                            "acknowledged and delivered {} time(s), never acked by a definite \
-                             answer; an ack or nack of it had an unknown outcome and it was \
-                             never delivered again: acked, or lost",
-                            delivered.len()
-                        ),
-                        events,
-                    ));
-                    continue;
-                }
-                let detail = if delivered.is_empty() {
-                    "acknowledged, never delivered (not even by the final drain)".to_string()
-                } else {
-                    let receipts: Vec<&str> =
-                        delivered.iter().map(|d| d.receipt.as_str()).collect();
-                    format!(
-                        "acknowledged and delivered {} time(s) (receipts {}), but never acked \
-                         (no ok ack answered `acked`) nor dead-lettered, not even by the final \
-                         drain",
-                        delivered.len(),
-                        receipts.join(", ")
-                    )
-                };
-                report.lost.push(finding(detail, events));
-            }
-        }
-    }
-
-    for ((topic, sub, value), ds) in &deliveries {
-        let sub_key = (topic.clone(), sub.clone());
-        report.delivered += ds.len() as u64;
-        report.delivered_distinct += 1;
-        report.final_deliveries += ds.iter().filter(|d| d.final_drain).count() as u64;
-        let finding = |detail: String, events: Vec<u64>, offset: Option<u64>| Finding {
-            topic: topic.clone(),
-            subscription: Some(sub.clone()),
-            value: Some(value.clone()),
-            offset,
-            events,
-            detail,
-        };
-
-        match published.get(&(topic.clone(), value.clone())) {
-            None => report.unexpected.push(finding(
-                "delivered, never published".into(),
-                ds.iter().map(|d| d.pull_complete).collect(),
-                Some(ds[0].offset),
-            )),
-            Some((PubOutcome::Info, invokes)) => report.recovered.push(finding(
-                "delivered; its publish was indeterminate (info)".into(),
-                invokes
-                    .iter()
-                    .copied()
-                    .chain([ds[0].pull_complete])
-                    .collect(),
-                Some(ds[0].offset),
-            )),
-            Some((PubOutcome::Fail, invokes)) => report.aborted_read.push(finding(
-                "delivered, but its publish failed (aborted read)".into(),
-                invokes
-                    .iter()
-                    .copied()
-                    .chain([ds[0].pull_complete])
-                    .collect(),
-                Some(ds[0].offset),
-            )),
-            Some((PubOutcome::Ok, _)) => {}
-        }
-
-        if ds.len() > 1 {
-            report.extra_deliveries += ds.len() as u64 - 1;
-            let counts: Vec<String> = ds.iter().map(|d| d.delivery_count.to_string()).collect();
-            report.duplicated.push(finding(
-                format!(
-                    "delivered {} times (delivery_count {})",
-                    ds.len(),
-                    counts.join(", ")
-                ),
-                ds.iter().map(|d| d.pull_complete).collect(),
-                Some(ds[0].offset),
-            ));
-        }
-
-        let key = (topic.clone(), sub.clone(), value.clone());
-        let record_acks = acks.get(&key).map(Vec::as_slice).unwrap_or_default();
-        // delivery after ack: against the earliest-completing ack.
-        if let Some(first) = record_acks.iter().min_by_key(|a| a.complete) {
-            for d in ds.iter().filter(|d| d.pull_invoke > first.complete) {
-                if seek_between(&sub_key, first.invoke, d.pull_complete) {
-                    continue;
-                }
-                report.delivery_after_ack.push(finding(
-                    format!(
-                        "receipt {} was acked, then a later pull delivered the record again \
-                         (receipt {}, delivery_count {})",
-                        first.receipt, d.receipt, d.delivery_count
-                    ),
-                    vec![first.invoke, first.complete, d.pull_invoke, d.pull_complete],
-                    Some(d.offset),
-                ));
-            }
-        }
-        // double ack.
-        if record_acks.len() > 1 {
-            let mut sorted: Vec<&AckRec> = record_acks.iter().collect();
-            sorted.sort_by_key(|a| a.complete);
-            let first = sorted[0];
-            for second in &sorted[1..] {
-                if seek_between(&sub_key, first.invoke.min(second.invoke), second.complete) {
-                    continue;
-                }
-                report.double_ack.push(finding(
-                    format!(
-                        "acked twice: receipts {} and {}",
-                        first.receipt, second.receipt
-                    ),
-                    vec![first.invoke, first.complete, second.invoke, second.complete],
-                    Some(ds[0].offset),
-                ));
-            }
-        }
-        // early redelivery: a later delivery while an earlier lease still ran in real time.
-        let mut in_order: Vec<&DeliveryRec> = ds.iter().collect();
-        in_order.sort_by_key(|d| (d.delivery_count, d.pull_complete));
-        for (i, b) in in_order.iter().enumerate().skip(1) {
-            report.redeliveries_timed += 1;
-            let early = in_order[..i].iter().find(|a| {
-                a.receipt != b.receipt
-                    && !acked_receipts.contains(&a.receipt)
-                    && nacked_at
-                        .get(&a.receipt)
-                        .is_none_or(|at| *at >= b.pull_complete_us)
-                    && !seek_between(&sub_key, a.pull_invoke, b.pull_complete)
-                    && b.pull_complete_us < lease_end_us(a, &extended_until_us)
-            });
-            if let Some(a) = early {
-                let end = lease_end_us(a, &extended_until_us);
-                report.early_redelivery.push(finding(
-                    format!(
-                        "receipt {} (pull invoked at {} ms, lease {} ms) could not have expired \
-                         before {} ms in real time, but a pull completed at {} ms delivered the \
-                         record again (receipt {}, delivery_count {}): {} ms early",
-                        a.receipt,
-                        a.pull_invoke_us / 1000,
-                        a.lease_ms,
-                        end / 1000,
-                        b.pull_complete_us / 1000,
-                        b.receipt,
-                        b.delivery_count,
-                        (end - b.pull_complete_us) / 1000
-                    ),
-                    vec![
-                        a.pull_invoke,
-                        a.pull_complete,
-                        b.pull_invoke,
-                        b.pull_complete,
-                    ],
-                    Some(b.offset),
-                ));
-            }
-        }
-        // lease overlap.
-        let mut by_start: Vec<&DeliveryRec> = ds.iter().collect();
-        by_start.sort_by_key(|d| (d.lease_start, d.pull_invoke));
-        for (i, a) in by_start.iter().enumerate() {
-            if released.contains(&a.receipt) {
-                continue;
-            }
-            let a_end = extended
-                .get(&a.receipt)
-                .map_or(a.lease_end, |&e| e.max(a.lease_end));
-            for b in &by_start[i + 1..] {
-                if b.receipt != a.receipt && b.lease_start < a_end {
-                    report.lease_overlap.push(finding(
-                        format!(
-                            "lease of receipt {} [{}, {}] overlaps lease of receipt {} [{}, {}] \
-                             by {} ms",
-                            a.receipt,
-                            a.lease_start,
-                            a_end,
-                            b.receipt,
-                            b.lease_start,
-                            b.lease_end,
-                            a_end - b.lease_start
-                        ),
-                        vec![a.pull_complete, b.pull_complete],
-                        Some(b.offset),
-                    ));
-                }
-            }
-        }
-    }
-
-    // early retention: an acknowledged value of the retention topic missing from a final read
-    // that came before it could be old enough to go.
-    if let Some(r) = retention {
-        for (node, read_us, read_index, values) in &aged_reads {
-            for (value, (ok, published_us, invokes)) in &aged {
-                if !*ok {
-                    continue;
-                }
-                report.retention_checked += 1;
-                if values.contains(value) {
-                    continue;
-                }
-                let keep_until = real_end_us(*published_us, r.max_age_ms);
-                if *read_us >= keep_until {
-                    report.retention_expired += 1;
-                    continue;
-                }
-                let mut events = invokes.clone();
-                events.push(*read_index);
-                report.early_retention.push(Finding {
-                    topic: r.topic.clone(),
-                    value: Some(value.clone()),
-                    events,
-                    detail: format!(
-                        "acknowledged, published from {} ms, missing from the final read through \
-                         node {node} that completed at {} ms: at most {} ms old there, less than \
-                         the maximum age of {} ms (which lasts at least {} ms in real time)",
-                        published_us / 1000,
-                        read_us / 1000,
-                        read_us.saturating_sub(*published_us) / 1000,
-                        r.max_age_ms,
-                        (keep_until - published_us) / 1000
-                    ),
-                    ..Finding::default()
-                });
-            }
-        }
-    }
-
+    let Seen {
+        acknowledged,
+        deliveries,
+        acks,
+        dead,
+        ..
+    } = &seen;
     report.acknowledged = acknowledged.values().map(|v| v.len() as u64).sum();
     // Every record, acknowledged or not: what the server's count of acks must come to.
     report.acked_records = acks.len() as u64;
     report.ack_unknown_records = deliveries
         .keys()
         .filter(|key| !acks.contains_key(*key) && !dead.contains(*key))
-        .filter(|key| doubt_of(key).is_some_and(|(_, by_ack)| *by_ack))
+        .filter(|key| seen.doubt_of(key).is_some_and(|(_, by_ack)| *by_ack))
         .count() as u64;
     report.valid = report
         .table()
@@ -869,51 +406,6 @@ pub fn check_ack_count(report: &QueueReport, server_acked: u64) -> AckCount {
         lost,
         detail,
     }
-}
-
-/// The real-time end (history µs, less the margin) of delivery `a`'s lease, as its extends
-/// moved it.
-fn lease_end_us(a: &DeliveryRec, extended_until_us: &HashMap<String, u64>) -> u64 {
-    let own = real_end_us(a.pull_invoke_us, a.lease_ms);
-    extended_until_us
-        .get(&a.receipt)
-        .map_or(own, |e| own.max(*e))
-}
-
-fn published_events(
-    published: &HashMap<(String, String), (PubOutcome, Vec<u64>)>,
-    topic: &str,
-    value: &str,
-) -> Vec<u64> {
-    published
-        .get(&(topic.to_string(), value.to_string()))
-        .map(|(_, e)| e.clone())
-        .unwrap_or_default()
-}
-
-/// `(receipt, value, status, lease_expires_ms)` for each result, matched to the op's
-/// `(receipt, value)` pairs by receipt (results name their receipt).
-fn receipt_outcomes(
-    receipts: &[(String, String)],
-    results: &[raftq_client::api::ReceiptResult],
-) -> Vec<(String, String, ReceiptStatus, Option<u64>)> {
-    let value_of: HashMap<&str, &str> = receipts
-        .iter()
-        .map(|(r, v)| (r.as_str(), v.as_str()))
-        .collect();
-    results
-        .iter()
-        .filter_map(|r| {
-            value_of.get(r.receipt.as_str()).map(|v| {
-                (
-                    r.receipt.clone(),
-                    v.to_string(),
-                    r.status,
-                    r.lease_expires_ms,
-                )
-            })
-        })
-        .collect()
 }
 
 #[cfg(test)]

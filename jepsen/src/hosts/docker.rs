@@ -44,6 +44,12 @@
 //! removes the containers, the network, the rule and the image again.
 //! Needs root, Docker (the CLI and a running daemon), `nsenter` (util-linux), `iptables`, `ip`,
 //! `ldd` and `tar`.
+//!
+//! # Modules
+//! - `setup`: setting up and removing what the containers need: the tools checked, the image,
+//!   the network and the containers.
+//! - This module: the configuration (names, addresses, the arguments of `docker create`),
+//!   making the hosts ([`DockerHosts::create`]) and the [`Hosts`] implementation.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -55,11 +61,15 @@ use std::sync::{Arc, Mutex};
 
 use anyhow::{bail, Context as _};
 
-use super::net::{
-    have, insert_forward_rule, lock, remove_forward_rules, require_root, run, run_quiet, NetFaults,
-    NetNs, NodeNet,
-};
+use super::layout::{validate, Layout};
+use super::net::{lock, run, NetFaults, NetNs, NodeNet};
 use super::{Hosts, Netem, PowerLoss};
+
+mod setup;
+
+use setup::{build_image, create_network, remove_leftovers};
+
+pub use setup::preflight;
 
 /// Address of the bridge (the harness's side, the network's gateway) in the subnet.
 const GATEWAY_HOST: u8 = 254;
@@ -126,37 +136,14 @@ impl DockerConfig {
         format!("{}d0", self.prefix)
     }
 
-    fn addr(&self, host: u8) -> Ipv4Addr {
-        let [a, b, c] = self.subnet;
-        Ipv4Addr::new(a, b, c, host)
+    /// The nodes' addresses, URLs and files.
+    fn layout(&self) -> Layout<'_> {
+        Layout::new(&self.run_dir, self.nodes, self.subnet, self.port)
     }
 
     /// The address of node `id`.
     pub fn node_addr(&self, id: u64) -> Ipv4Addr {
-        self.addr(id as u8)
-    }
-
-    fn url(&self, id: u64) -> String {
-        format!("http://{}:{}", self.node_addr(id), self.port)
-    }
-
-    fn peers_arg(&self) -> String {
-        (1..=self.nodes)
-            .map(|id| format!("{id}={}", self.url(id)))
-            .collect::<Vec<_>>()
-            .join(",")
-    }
-
-    fn secret_file(&self) -> PathBuf {
-        self.run_dir.join("cluster.secret")
-    }
-
-    fn data_dir(&self, id: u64) -> PathBuf {
-        self.run_dir.join(format!("node{id}"))
-    }
-
-    fn log_file(&self, id: u64) -> PathBuf {
-        self.run_dir.join(format!("node{id}.log"))
+        self.layout().node_addr(id)
     }
 
     /// True when `name` is one of this configuration's containers, of this run or an earlier
@@ -184,9 +171,9 @@ impl DockerConfig {
             "--log-driver",
             "json-file",
             "--mount",
-            &mount(&self.data_dir(id), DATA_MOUNT, ""),
+            &mount(&self.layout().data_dir(id), DATA_MOUNT, ""),
             "--mount",
-            &mount(&self.secret_file(), SECRET_MOUNT, ",readonly"),
+            &mount(&self.layout().secret_file(), SECRET_MOUNT, ",readonly"),
             "--env",
             &format!("RAFTQ_LOG={}", self.log_filter),
             "--env",
@@ -206,7 +193,7 @@ impl DockerConfig {
                 "--data",
                 DATA_MOUNT,
                 "--peers",
-                &self.peers_arg(),
+                &self.layout().peers_arg(),
                 "--cluster-secret-file",
                 SECRET_MOUNT,
                 "--cluster-id",
@@ -219,18 +206,7 @@ impl DockerConfig {
     }
 
     fn validate(&self) -> anyhow::Result<()> {
-        if self.nodes == 0 || self.nodes > 250 {
-            bail!("between 1 and 250 nodes, not {}", self.nodes);
-        }
-        if self.prefix.is_empty()
-            || self.prefix.len() > 8
-            || !self.prefix.bytes().all(|b| b.is_ascii_alphanumeric())
-        {
-            bail!(
-                "the name prefix must be 1 to 8 letters or digits, not {:?}",
-                self.prefix
-            );
-        }
+        validate(self.nodes, &self.prefix)?;
         // `--mount` takes comma-separated key=value pairs.
         let run_dir = self.run_dir.to_string_lossy();
         if run_dir.contains(',') || run_dir.contains('=') {
@@ -241,200 +217,6 @@ impl DockerConfig {
         }
         Ok(())
     }
-}
-
-/// The files `ldd` says `bin` loads, the dynamic loader included (absolute paths, in order).
-/// An empty list: a static binary.
-fn parse_ldd(output: &str) -> anyhow::Result<Vec<PathBuf>> {
-    let mut files = Vec::new();
-    for line in output.lines().map(str::trim) {
-        if line.is_empty() || line.contains("statically linked") {
-            continue;
-        }
-        let path = match line.split_once("=>") {
-            Some((name, target)) => {
-                let target = target.trim();
-                if target.starts_with("not found") {
-                    bail!(
-                        "the server binary needs {} and this machine does not have it",
-                        name.trim()
-                    );
-                }
-                target.split_whitespace().next().unwrap_or("")
-            }
-            None => line.split_whitespace().next().unwrap_or(""),
-        };
-        // `linux-vdso.so.1 (0x...)` is the kernel's; everything else is a file.
-        if path.starts_with('/') {
-            files.push(PathBuf::from(path));
-        }
-    }
-    Ok(files)
-}
-
-/// Checks what the containers need: root, Docker with a daemon that answers, `nsenter`,
-/// `iptables`, `ip`, `ldd`, `tar`.
-pub fn preflight() -> anyhow::Result<()> {
-    require_root(
-        "the Docker hosts (they enter the containers' network namespaces and add iptables \
-         rules)",
-    )?;
-    if !have("docker", "--version") {
-        bail!(
-            "`docker` not found: install Docker (the engine and its command-line client) and \
-             start the daemon, or use --hosts netns"
-        );
-    }
-    if let Err(err) = run("docker", &["version", "--format", "{{.Server.Version}}"]) {
-        bail!(
-            "the Docker daemon does not answer ({err:#}); start it (e.g. `systemctl start \
-             docker`), or use --hosts netns"
-        );
-    }
-    for (program, probe, package) in [
-        ("nsenter", "--version", "util-linux"),
-        ("iptables", "-V", "iptables"),
-        ("ip", "-V", "iproute2"),
-        ("ldd", "--version", "libc-bin"),
-        ("tar", "--version", "tar"),
-    ] {
-        if !have(program, probe) {
-            bail!("`{program}` not found; install it (apt-get install {package})");
-        }
-    }
-    Ok(())
-}
-
-/// Removes everything a run with this configuration creates, whether or not it exists.
-fn remove_leftovers(cfg: &DockerConfig) {
-    let names = run("docker", &["ps", "-a", "--format", "{{.Names}}"]).unwrap_or_default();
-    let ours: Vec<&str> = names.lines().filter(|n| cfg.is_ours(n)).collect();
-    for name in &ours {
-        // A paused container is unpaused first: removing a frozen one can hang.
-        run_quiet("docker", &["unpause", name]);
-    }
-    if !ours.is_empty() {
-        let mut args = vec!["rm", "-f", "-v"];
-        args.extend(ours.iter().copied());
-        run_quiet("docker", &args);
-    }
-    run_quiet("docker", &["network", "rm", &cfg.network()]);
-    remove_forward_rules(&cfg.bridge());
-    run_quiet("docker", &["image", "rm", "-f", &cfg.image]);
-}
-
-/// Builds the image from the server binary: a root filesystem with the binary, the libraries
-/// `ldd` lists and the loader, imported as a scratch image.
-fn build_image(cfg: &DockerConfig) -> anyhow::Result<()> {
-    let bin = cfg.bin.to_string_lossy().into_owned();
-    let ldd = Command::new("ldd")
-        .arg(&bin)
-        .stdin(Stdio::null())
-        .output()
-        .context("cannot run ldd")?;
-    let text =
-        String::from_utf8_lossy(&ldd.stdout).into_owned() + &String::from_utf8_lossy(&ldd.stderr);
-    // ldd fails for a static binary ("not a dynamic executable"): it needs nothing else.
-    let files = if ldd.status.success() {
-        parse_ldd(&text)?
-    } else if text.contains("not a dynamic executable") {
-        Vec::new()
-    } else {
-        bail!("`ldd {bin}` failed: {}", text.trim());
-    };
-    let root = cfg.run_dir.join("image-root");
-    let tarball = cfg.run_dir.join("image.tar");
-    let _ = std::fs::remove_dir_all(&root);
-    let copy = |from: &Path, to: &Path| -> anyhow::Result<()> {
-        if let Some(dir) = to.parent() {
-            std::fs::create_dir_all(dir)
-                .with_context(|| format!("cannot create {}", dir.display()))?;
-        }
-        // Follows symlinks: the image gets the files themselves under the names asked for.
-        std::fs::copy(from, to)
-            .with_context(|| format!("cannot copy {} into the image", from.display()))?;
-        Ok(())
-    };
-    copy(&cfg.bin, &root.join(IMAGE_BIN.trim_start_matches('/')))?;
-    for file in &files {
-        copy(file, &root.join(file.strip_prefix("/").unwrap_or(file)))?;
-    }
-    for dir in ["tmp", DATA_MOUNT.trim_start_matches('/')] {
-        std::fs::create_dir_all(root.join(dir)).context("cannot lay out the image")?;
-    }
-    let result = (|| {
-        run(
-            "tar",
-            &[
-                "-C",
-                &root.to_string_lossy(),
-                "-cf",
-                &tarball.to_string_lossy(),
-                ".",
-            ],
-        )?;
-        run(
-            "docker",
-            &[
-                "import",
-                "--change",
-                &format!("ENTRYPOINT [\"{IMAGE_BIN}\"]"),
-                &tarball.to_string_lossy(),
-                &cfg.image,
-            ],
-        )
-        .context("cannot import the image")?;
-        anyhow::Ok(())
-    })();
-    let _ = std::fs::remove_dir_all(&root);
-    let _ = std::fs::remove_file(&tarball);
-    result.with_context(|| format!("cannot build the image {}", cfg.image))
-}
-
-fn create_network(cfg: &DockerConfig) -> anyhow::Result<()> {
-    let [a, b, c] = cfg.subnet;
-    run(
-        "docker",
-        &[
-            "network",
-            "create",
-            "--driver",
-            "bridge",
-            "--subnet",
-            &format!("{a}.{b}.{c}.0/24"),
-            "--gateway",
-            &cfg.addr(GATEWAY_HOST).to_string(),
-            "--opt",
-            &format!("com.docker.network.bridge.name={}", cfg.bridge()),
-            &cfg.network(),
-        ],
-    )
-    .with_context(|| {
-        format!(
-            "cannot create the Docker network {} (another network on the same subnet? try \
-             another --subnet)",
-            cfg.network()
-        )
-    })?;
-    insert_forward_rule(&cfg.bridge())?;
-    // The harness talks to the containers' addresses directly, through the bridge.
-    let route = run("ip", &["route", "get", &cfg.node_addr(1).to_string()])?;
-    if !route.split_whitespace().any(|w| w == cfg.bridge()) {
-        bail!(
-            "this machine does not route {} to the Docker network's bridge {} but: {}; \
-             choose another --subnet",
-            cfg.node_addr(1),
-            cfg.bridge(),
-            route.trim()
-        );
-    }
-    for id in 1..=cfg.nodes {
-        let args = cfg.create_args(id);
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        run("docker", &args)
-            .with_context(|| format!("cannot create the container of node {id}"))?;
-    }
-    Ok(())
 }
 
 /// What the harness believes about one container.
@@ -477,7 +259,7 @@ fn net_nodes(cfg: &DockerConfig) -> anyhow::Result<Vec<NodeNet>> {
 
 /// Copies the container's log (stdout and stderr, in order) to `nodeN.log`.
 fn save_log(cfg: &DockerConfig, id: u64) -> anyhow::Result<()> {
-    let file = File::create(cfg.log_file(id)).context("cannot write the node's log")?;
+    let file = File::create(cfg.layout().log_file(id)).context("cannot write the node's log")?;
     let status = Command::new("docker")
         .args(["logs", &cfg.container(id)])
         .stdin(Stdio::null())
@@ -498,20 +280,11 @@ impl DockerHosts {
     pub fn create(cfg: DockerConfig) -> anyhow::Result<DockerHosts> {
         cfg.validate()?;
         preflight()?;
-        if !cfg.bin.is_file() {
-            bail!(
-                "raftq binary {} not found; build it (cargo build --release --bin raftq) or \
-                 pass --raftq-bin / RAFTQ_BIN",
-                cfg.bin.display()
-            );
-        }
-        std::fs::create_dir_all(&cfg.run_dir)
-            .with_context(|| format!("cannot create {}", cfg.run_dir.display()))?;
-        std::fs::write(cfg.secret_file(), format!("{}\n", super::CLUSTER_SECRET))
-            .context("cannot write the secret file")?;
+        cfg.layout().prepare(&cfg.bin)?;
         for id in 1..=cfg.nodes {
-            std::fs::create_dir_all(cfg.data_dir(id))
-                .with_context(|| format!("cannot create {}", cfg.data_dir(id).display()))?;
+            std::fs::create_dir_all(cfg.layout().data_dir(id)).with_context(|| {
+                format!("cannot create {}", cfg.layout().data_dir(id).display())
+            })?;
         }
         remove_leftovers(&cfg);
         let hosts = DockerHosts {
@@ -573,7 +346,7 @@ impl Hosts for DockerHosts {
     }
 
     fn url(&self, id: u64) -> String {
-        self.cfg.url(id)
+        self.cfg.layout().url(id)
     }
 
     async fn start(&self, id: u64) -> anyhow::Result<()> {
@@ -725,7 +498,7 @@ impl Hosts for DockerHosts {
     fn log(&self, id: u64) -> String {
         // The container's log when it still exists, else the copy of the last one.
         let _ = save_log(&self.cfg, id);
-        std::fs::read(self.cfg.log_file(id))
+        std::fs::read(self.cfg.layout().log_file(id))
             .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
             .unwrap_or_default()
     }
@@ -768,7 +541,7 @@ impl Hosts for DockerHosts {
     }
 
     fn data_dir(&self, id: u64) -> PathBuf {
-        self.cfg.data_dir(id)
+        self.cfg.layout().data_dir(id)
     }
 
     /// The container's exit code when it is not running (Docker keeps the last one; after a

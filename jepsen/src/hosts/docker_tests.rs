@@ -1,3 +1,4 @@
+use super::setup::parse_ldd;
 use super::*;
 
 const LDD: &str = "\

@@ -63,27 +63,24 @@ pub fn run(program: &str, args: &[&str]) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// Runs a command whose failure does not matter (cleanup of things that may not exist).
-pub fn run_quiet(program: &str, args: &[&str]) -> bool {
+/// Runs `program args` with no input and its output thrown away; its exit status.
+fn run_silent(program: &str, args: &[&str]) -> std::io::Result<std::process::ExitStatus> {
     Command::new(program)
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
-        .map(|s| s.success())
-        .unwrap_or(false)
+}
+
+/// Runs a command whose failure does not matter (cleanup of things that may not exist).
+pub fn run_quiet(program: &str, args: &[&str]) -> bool {
+    run_silent(program, args).is_ok_and(|s| s.success())
 }
 
 /// True when `program` can be run at all (found on the PATH).
 pub fn have(program: &str, probe: &str) -> bool {
-    Command::new(program)
-        .arg(probe)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok()
+    run_silent(program, &[probe]).is_ok()
 }
 
 /// Fails unless the harness runs as root; `what` says what needs it.

@@ -56,14 +56,19 @@
 //! removes everything again.
 //! Needs root, `ip` (iproute2) and `iptables`; impairments use `tc` (iproute2) when the kernel
 //! has netem.
+//!
+//! # Modules
+//! - `setup`: setting up and removing what the hosts are made of: the bridge, namespaces and
+//!   veths, the fault disks, the clock files.
+//! - `process`: the node processes: starting one, the sentinel of their process group,
+//!   signals, killing and reaping.
+//! - This module: the configuration (names, addresses, paths), making the hosts
+//!   ([`NetnsHosts::create`]) and the [`Hosts`] implementation.
 
 use std::collections::BTreeMap;
-use std::fs::OpenOptions;
-use std::io::Write as _;
 use std::net::Ipv4Addr;
-use std::os::unix::process::CommandExt as _;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::PathBuf;
+use std::process::Child;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -72,11 +77,17 @@ use anyhow::{bail, Context as _};
 
 use raftq_faultfs::{Control, FaultFs, FOREVER};
 
-use super::net::{
-    have, insert_forward_rule, lock, remove_forward_rules, require_root, run, run_quiet, NetFaults,
-    NetNs, NodeNet,
-};
-use super::{Dropped, Hosts, Netem, NodeEnv, PowerLoss, CLUSTER_SECRET};
+use super::layout::{validate, Layout};
+use super::net::{have, lock, require_root, NetFaults, NetNs, NodeNet};
+use super::{Dropped, Hosts, Netem, NodeEnv, PowerLoss};
+
+mod process;
+mod setup;
+
+use process::{forget_fake_clock, has_died, kill_namespace_processes, reap, signal};
+use setup::{create_network, mount_disks, remove_network, write_clock_file};
+
+pub use setup::faketime_offset;
 
 /// Address of the bridge (the harness's side) in the subnet.
 const BRIDGE_HOST: u8 = 254;
@@ -146,68 +157,33 @@ impl NetnsConfig {
         format!("{}-p{id}", self.prefix)
     }
 
-    fn addr(&self, host: u8) -> Ipv4Addr {
-        let [a, b, c] = self.subnet;
-        Ipv4Addr::new(a, b, c, host)
+    /// The nodes' addresses, URLs and files.
+    fn layout(&self) -> Layout<'_> {
+        Layout::new(&self.run_dir, self.nodes, self.subnet, self.port)
     }
 
     /// The address of node `id`.
     pub fn node_addr(&self, id: u64) -> Ipv4Addr {
-        self.addr(id as u8)
+        self.layout().node_addr(id)
     }
 
     /// The harness's address on the bridge.
     pub fn bridge_addr(&self) -> Ipv4Addr {
-        self.addr(BRIDGE_HOST)
-    }
-
-    fn url(&self, id: u64) -> String {
-        format!("http://{}:{}", self.node_addr(id), self.port)
-    }
-
-    fn peers_arg(&self) -> String {
-        (1..=self.nodes)
-            .map(|id| format!("{id}={}", self.url(id)))
-            .collect::<Vec<_>>()
-            .join(",")
-    }
-
-    fn secret_file(&self) -> PathBuf {
-        self.run_dir.join("cluster.secret")
-    }
-
-    fn data_dir(&self, id: u64) -> PathBuf {
-        self.run_dir.join(format!("node{id}"))
-    }
-
-    fn log_file(&self, id: u64) -> PathBuf {
-        self.run_dir.join(format!("node{id}.log"))
+        self.layout().addr(BRIDGE_HOST)
     }
 
     /// What a fault disk shows at `data_dir(id)` lives here.
     pub fn disk_backing(&self, id: u64) -> PathBuf {
-        self.run_dir.join(format!("node{id}.disk"))
+        self.layout().node_file(id, ".disk")
     }
 
     /// The file libfaketime reads node `id`'s clock offset from.
     fn clock_file(&self, id: u64) -> PathBuf {
-        self.run_dir.join(format!("node{id}.faketime"))
+        self.layout().node_file(id, ".faketime")
     }
 
     fn validate(&self) -> anyhow::Result<()> {
-        if self.nodes == 0 || self.nodes > 250 {
-            bail!("between 1 and 250 nodes, not {}", self.nodes);
-        }
-        if self.prefix.is_empty()
-            || self.prefix.len() > 8
-            || !self.prefix.bytes().all(|b| b.is_ascii_alphanumeric())
-        {
-            bail!(
-                "the name prefix must be 1 to 8 letters or digits, not {:?}",
-                self.prefix
-            );
-        }
-        Ok(())
+        validate(self.nodes, &self.prefix)
     }
 }
 
@@ -251,227 +227,13 @@ pub fn preflight() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Removes everything a run with this configuration creates, whether or not it exists:
-/// processes inside the namespaces, the namespaces (and with them the veth pairs), stray
-/// root-side veths, the bridge and the FORWARD rule.
-fn remove_network(cfg: &NetnsConfig) {
-    let listed = run("ip", &["netns", "list"]).unwrap_or_default();
-    let ours: Vec<String> = listed
-        .lines()
-        .filter_map(|line| line.split_whitespace().next())
-        .filter(|name| {
-            name.strip_prefix(&format!("{}-n", cfg.prefix))
-                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
-        })
-        .map(str::to_string)
-        .collect();
-    for ns in &ours {
-        // Whatever still runs in the namespace (a node of a crashed earlier run).
-        kill_namespace_processes(ns);
-    }
-    for ns in &ours {
-        // A namespace whose processes are still dying may refuse once; try a few times.
-        for _ in 0..20 {
-            if run_quiet("ip", &["netns", "del", ns]) {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-    for id in 1..=cfg.nodes.max(9) {
-        let veth = cfg.veth_root(id);
-        if Path::new(&format!("/sys/class/net/{veth}")).exists() {
-            run_quiet("ip", &["link", "del", &veth]);
-        }
-    }
-    let bridge = cfg.bridge();
-    if Path::new(&format!("/sys/class/net/{bridge}")).exists() {
-        run_quiet("ip", &["link", "del", &bridge]);
-    }
-    remove_forward_rules(&bridge);
-}
-
-/// SIGKILLs every process inside namespace `ns`.
-fn kill_namespace_processes(ns: &str) {
-    let pids = run("ip", &["netns", "pids", ns]).unwrap_or_default();
-    for pid in pids
-        .split_whitespace()
-        .filter_map(|p| p.parse::<i32>().ok())
-    {
-        // SAFETY: sending a signal has no memory-safety preconditions.
-        unsafe {
-            libc::kill(pid, libc::SIGKILL);
-        }
-    }
-}
-
-/// Removes the shared-memory segment and semaphore libfaketime made for process `pid`, which
-/// it leaves behind when the process is killed (a later process with the same pid would find
-/// them and fail).
-fn forget_fake_clock(pid: u32) {
-    for name in [
-        format!("/dev/shm/faketime_shm_{pid}"),
-        format!("/dev/shm/sem.faketime_sem_{pid}"),
-    ] {
-        let _ = std::fs::remove_file(name);
-    }
-}
-
-/// Reaps `child` (waits for it), then removes what libfaketime left for it when the node ran
-/// under a fake clock.
-fn reap(child: &mut Child, fake_clock: bool) -> std::io::Result<std::process::ExitStatus> {
-    let status = child.wait();
-    if fake_clock {
-        forget_fake_clock(child.id());
-    }
-    status
-}
-
-/// True once `child` has exited, without reaping it (so its pid stays ours).
-fn has_died(child: &Child) -> bool {
-    let pid: libc::id_t = child.id();
-    // SAFETY: `info` is a plain C struct, zeroed, written by waitid; WNOWAIT leaves the child
-    // waitable, WNOHANG makes the call return at once.
-    unsafe {
-        let mut info: libc::siginfo_t = std::mem::zeroed();
-        let rc = libc::waitid(
-            libc::P_PID,
-            pid,
-            &mut info,
-            libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
-        );
-        rc != 0 || info.si_pid() != 0
-    }
-}
-
-/// Waits until every child in `children` has died (not reaped), at most `limit`.
-fn await_death(children: &[(u64, Child)], limit: Duration) {
-    let deadline = Instant::now() + limit;
-    while Instant::now() < deadline && !children.iter().all(|(_, c)| has_died(c)) {
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
-/// Mounts a fault disk over `nodeN.disk/` at `nodeN/` for every node.
-fn mount_disks(cfg: &NetnsConfig) -> anyhow::Result<BTreeMap<u64, FaultFs>> {
-    raftq_faultfs::check_environment().context("fault disks cannot be mounted here")?;
-    let mut disks = BTreeMap::new();
-    for id in 1..=cfg.nodes {
-        let (backing, mountpoint) = (cfg.disk_backing(id), cfg.data_dir(id));
-        for dir in [&backing, &mountpoint] {
-            std::fs::create_dir_all(dir)
-                .with_context(|| format!("cannot create {}", dir.display()))?;
-        }
-        let options = raftq_faultfs::Options {
-            // The pre-images of overwritten synced bytes: on the run directory's file system,
-            // outside the mount.
-            undo_dir: Some(cfg.run_dir.clone()),
-            ..raftq_faultfs::Options::default()
-        };
-        let fs = FaultFs::mount_with(&backing, &mountpoint, options)
-            .with_context(|| format!("cannot mount node {id}'s fault disk"))?;
-        disks.insert(id, fs);
-    }
-    Ok(disks)
-}
-
-/// Writes `offset_ms` as libfaketime reads a relative offset (`+12.345`, seconds), into a new
-/// file renamed over `path`, so that a reader never sees half of it.
-fn write_clock_file(path: &Path, offset_ms: i64) -> anyhow::Result<()> {
-    let text = faketime_offset(offset_ms);
-    let tmp = path.with_extension("faketime.new");
-    std::fs::write(&tmp, format!("{text}\n"))
-        .with_context(|| format!("cannot write {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("cannot replace {}", path.display()))
-}
-
-/// A relative libfaketime offset of `offset_ms` milliseconds: `+12.345`, `-0.250`.
-pub fn faketime_offset(offset_ms: i64) -> String {
-    let sign = if offset_ms < 0 { '-' } else { '+' };
-    let abs = offset_ms.unsigned_abs();
-    format!("{sign}{}.{:03}", abs / 1000, abs % 1000)
-}
-
-fn create_network(cfg: &NetnsConfig) -> anyhow::Result<()> {
-    let bridge = cfg.bridge();
-    let prefix_len = 24;
-    run("ip", &["link", "add", &bridge, "type", "bridge"])?;
-    run(
-        "ip",
-        &[
-            "addr",
-            "add",
-            &format!("{}/{prefix_len}", cfg.bridge_addr()),
-            "dev",
-            &bridge,
-        ],
-    )?;
-    run("ip", &["link", "set", &bridge, "up"])?;
-    insert_forward_rule(&bridge)?;
-    for id in 1..=cfg.nodes {
-        let ns = cfg.netns(id);
-        let (veth, peer) = (cfg.veth_root(id), cfg.veth_peer(id));
-        run("ip", &["netns", "add", &ns])?;
-        run(
-            "ip",
-            &["link", "add", &veth, "type", "veth", "peer", "name", &peer],
-        )?;
-        run("ip", &["link", "set", &peer, "netns", &ns])?;
-        run("ip", &["-n", &ns, "link", "set", &peer, "name", "eth0"])?;
-        run(
-            "ip",
-            &[
-                "-n",
-                &ns,
-                "addr",
-                "add",
-                &format!("{}/{prefix_len}", cfg.node_addr(id)),
-                "dev",
-                "eth0",
-            ],
-        )?;
-        run("ip", &["-n", &ns, "link", "set", "eth0", "up"])?;
-        run("ip", &["-n", &ns, "link", "set", "lo", "up"])?;
-        run("ip", &["link", "set", &veth, "master", &bridge])?;
-        run("ip", &["link", "set", &veth, "up"])?;
-        // iptables must work inside the namespace, or partitions cannot.
-        NetNs::Named(ns.clone())
-            .run("iptables", &["-S", "INPUT"])
-            .with_context(|| format!("iptables does not work inside namespace {ns}"))?;
-    }
-    Ok(())
-}
-
-fn signal(child: &Child, sig: libc::c_int) -> anyhow::Result<()> {
-    let pid = i32::try_from(child.id()).context("pid out of range")?;
-    // SAFETY: sending a signal has no memory-safety preconditions; the child is not reaped
-    // yet (we hold it), so its pid cannot have been reused.
-    if unsafe { libc::kill(pid, sig) } != 0 {
-        bail!(
-            "cannot send signal {sig} to pid {pid}: {}",
-            std::io::Error::last_os_error()
-        );
-    }
-    Ok(())
-}
-
 impl NetnsHosts {
     /// Checks the machine, removes leftovers of an earlier run with the same names, creates
     /// the bridge, namespaces and veths, and writes the secret file. Starts no node.
     pub fn create(cfg: NetnsConfig) -> anyhow::Result<NetnsHosts> {
         cfg.validate()?;
         preflight()?;
-        if !cfg.bin.is_file() {
-            bail!(
-                "raftq binary {} not found; build it (cargo build --release --bin raftq) or \
-                 pass --raftq-bin / RAFTQ_BIN",
-                cfg.bin.display()
-            );
-        }
-        std::fs::create_dir_all(&cfg.run_dir)
-            .with_context(|| format!("cannot create {}", cfg.run_dir.display()))?;
-        std::fs::write(cfg.secret_file(), format!("{CLUSTER_SECRET}\n"))
-            .context("cannot write the secret file")?;
+        cfg.layout().prepare(&cfg.bin)?;
         if let Some(lib) = &cfg.env.fake_clock {
             if !lib.is_file() {
                 bail!(
@@ -516,210 +278,6 @@ impl NetnsHosts {
             })
             .collect()
     }
-
-    /// The nodes' process group: the sentinel's pid, after making a new sentinel when there is
-    /// none alive.
-    fn group(&self) -> anyhow::Result<i32> {
-        let mut sentinel = lock(&self.sentinel);
-        if let Some(child) = sentinel.as_mut() {
-            if child.try_wait()?.is_none() {
-                return i32::try_from(child.id()).context("pid out of range");
-            }
-        }
-        // A process that does nothing for 30 years, leading a group of its own.
-        let child = Command::new("sleep")
-            .arg("1000000000")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .process_group(0)
-            .spawn()
-            .context("cannot start the sentinel of the nodes' process group (`sleep`)")?;
-        let pgid = i32::try_from(child.id()).context("pid out of range")?;
-        *sentinel = Some(child);
-        Ok(pgid)
-    }
-
-    fn spawn(&self, id: u64) -> anyhow::Result<()> {
-        let cfg = &self.cfg;
-        let mut nodes = lock(&self.nodes);
-        let node = nodes
-            .get_mut(&id)
-            .with_context(|| format!("no node {id}"))?;
-        if let Some(child) = node.child.as_mut() {
-            if child.try_wait()?.is_none() {
-                return Ok(()); // already running
-            }
-            if cfg.env.fake_clock.is_some() {
-                forget_fake_clock(child.id());
-            }
-            node.child = None;
-        }
-        let pgid = self.group()?;
-        node.starts += 1;
-        node.exited = None;
-        let mut log = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(cfg.log_file(id))
-            .context("cannot open the node's log")?;
-        writeln!(
-            log,
-            "===== [raftq-jepsen] start #{} of node {id} =====",
-            node.starts
-        )?;
-        let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", &cfg.netns(id)])
-            .arg(&cfg.bin)
-            .arg("serve")
-            .arg("--id")
-            .arg(id.to_string())
-            .arg("--listen")
-            .arg(format!("{}:{}", cfg.node_addr(id), cfg.port))
-            .arg("--data")
-            .arg(cfg.data_dir(id))
-            .arg("--peers")
-            .arg(cfg.peers_arg())
-            .arg("--cluster-secret-file")
-            .arg(cfg.secret_file())
-            .arg("--cluster-id")
-            .arg(&cfg.cluster_id);
-        if let Some(bytes) = cfg.env.write_buffer_bytes {
-            cmd.arg("--write-buffer-bytes").arg(bytes.to_string());
-        }
-        // Only the command line configures the node.
-        for (name, _) in std::env::vars_os() {
-            if name.to_string_lossy().starts_with("RAFTQ_") {
-                cmd.env_remove(name);
-            }
-        }
-        if let Some(lib) = &cfg.env.fake_clock {
-            // The wall clock from the node's offset file, read on every call so that a step
-            // takes effect at once; the monotonic clock is the real one (unless the clock
-            // checks themselves are being tested).
-            cmd.env("LD_PRELOAD", lib)
-                .env("FAKETIME_TIMESTAMP_FILE", cfg.clock_file(id))
-                .env("FAKETIME_NO_CACHE", "1");
-            if !cfg.env.fake_monotonic {
-                cmd.env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
-            }
-        }
-        cmd.env("RAFTQ_LOG", &cfg.log_filter)
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stdout(Stdio::from(log.try_clone()?))
-            .stderr(Stdio::from(log))
-            // The nodes' group (see the module documentation): `kill_all` is one signal.
-            .process_group(pgid);
-        let child = cmd
-            .spawn()
-            .with_context(|| format!("cannot start node {id}"))?;
-        node.child = Some(child);
-        Ok(())
-    }
-}
-
-impl NetnsHosts {
-    /// SIGKILLs the nodes `only` (each on its own), or every running node (`None`: one signal
-    /// to the nodes' process group); once they are all dead, or after [`DEATH_WAIT`] (threads
-    /// waiting for a stalled sync die only when it ends), runs `dead`; then reaps them. Returns
-    /// how they were killed and what `dead` returned.
-    async fn kill_nodes<R: Send + 'static>(
-        &self,
-        only: Option<Vec<u64>>,
-        dead: impl FnOnce() -> R + Send + 'static,
-    ) -> anyhow::Result<(String, R)> {
-        let fake_clock = self.cfg.env.fake_clock.is_some();
-        let mut children: Vec<(u64, Child)> = {
-            let mut nodes = lock(&self.nodes);
-            nodes
-                .iter_mut()
-                .filter(|(id, _)| only.as_ref().is_none_or(|o| o.contains(id)))
-                .filter_map(|(id, n)| n.child.take().map(|c| (*id, c)))
-                .collect()
-        };
-        let namespaces: Vec<String> = match &only {
-            Some(ids) => ids.iter().map(|id| self.cfg.netns(*id)).collect(),
-            None => self.ids().iter().map(|id| self.cfg.netns(*id)).collect(),
-        };
-        if let Some(ids) = only {
-            return tokio::task::spawn_blocking(move || {
-                for (_, child) in children.iter_mut() {
-                    let _ = child.kill();
-                }
-                for ns in &namespaces {
-                    kill_namespace_processes(ns);
-                }
-                await_death(&children, DEATH_WAIT);
-                let out = dead();
-                for (id, mut child) in children {
-                    reap(&mut child, fake_clock)
-                        .with_context(|| format!("cannot reap node {id}"))?;
-                }
-                Ok((format!("SIGKILL to nodes {ids:?}"), out))
-            })
-            .await?;
-        }
-        let sentinel = lock(&self.sentinel).take();
-        tokio::task::spawn_blocking(move || {
-            let Some(mut sentinel) = sentinel else {
-                // No node was ever started in a group: nothing runs.
-                for (_, mut child) in children {
-                    let _ = child.kill();
-                    let _ = reap(&mut child, fake_clock);
-                }
-                return Ok(("no process group: nothing ran".to_string(), dead()));
-            };
-            let pgid = i32::try_from(sentinel.id()).context("pid out of range")?;
-            // Checked before the signal: which running nodes are not in the group.
-            let outside: Vec<u64> = children
-                .iter()
-                .filter(|(_, c)| {
-                    let pid = c.id() as i32;
-                    // SAFETY: getpgid has no memory-safety preconditions; the child is not
-                    // reaped, so its pid names it.
-                    let group = unsafe { libc::getpgid(pid) };
-                    group != pgid
-                })
-                .map(|(id, _)| *id)
-                .collect();
-            let running: Vec<u64> = children.iter().map(|(id, _)| *id).collect();
-            // SAFETY: sending a signal has no memory-safety preconditions; the sentinel is not
-            // reaped, so the group id is still ours.
-            let sent = unsafe { libc::kill(-pgid, libc::SIGKILL) };
-            let sent_err = std::io::Error::last_os_error();
-            for (id, child) in children.iter_mut() {
-                if outside.contains(id) || sent != 0 {
-                    let _ = child.kill();
-                }
-            }
-            // Anything else left in the namespaces dies too (as `kill` does).
-            for ns in &namespaces {
-                kill_namespace_processes(ns);
-            }
-            let _ = sentinel.kill();
-            let _ = sentinel.wait();
-            await_death(&children, DEATH_WAIT);
-            let out = dead();
-            for (id, mut child) in children {
-                reap(&mut child, fake_clock).with_context(|| format!("cannot reap node {id}"))?;
-            }
-            if sent != 0 {
-                bail!(
-                    "cannot signal the nodes' process group {pgid}: {sent_err}; nodes \
-                     {running:?} were killed one by one instead"
-                );
-            }
-            let mut how = format!("one SIGKILL to process group {pgid}: nodes {running:?}");
-            if !outside.is_empty() {
-                how.push_str(&format!(
-                    "; nodes {outside:?} were not in the group and were killed on their own"
-                ));
-            }
-            Ok((how, out))
-        })
-        .await?
-    }
 }
 
 impl Drop for NetnsHosts {
@@ -734,7 +292,7 @@ impl Hosts for NetnsHosts {
     }
 
     fn url(&self, id: u64) -> String {
-        self.cfg.url(id)
+        self.cfg.layout().url(id)
     }
 
     async fn start(&self, id: u64) -> anyhow::Result<()> {
@@ -915,7 +473,7 @@ impl Hosts for NetnsHosts {
     }
 
     fn log(&self, id: u64) -> String {
-        std::fs::read(self.cfg.log_file(id))
+        std::fs::read(self.cfg.layout().log_file(id))
             .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
             .unwrap_or_default()
     }
@@ -946,7 +504,7 @@ impl Hosts for NetnsHosts {
     }
 
     fn data_dir(&self, id: u64) -> PathBuf {
-        self.cfg.data_dir(id)
+        self.cfg.layout().data_dir(id)
     }
 
     fn exit_status(&self, id: u64) -> Option<String> {

@@ -1,4 +1,5 @@
 use super::*;
+use crate::hosts::net::NetNs;
 
 #[test]
 fn layout_names_and_addresses() {
@@ -9,7 +10,7 @@ fn layout_names_and_addresses() {
     assert_eq!(cfg.node_addr(3), Ipv4Addr::new(10, 231, 0, 3));
     assert_eq!(cfg.bridge_addr(), Ipv4Addr::new(10, 231, 0, 254));
     assert_eq!(
-        cfg.peers_arg(),
+        cfg.layout().peers_arg(),
         "1=http://10.231.0.1:7000,2=http://10.231.0.2:7000,3=http://10.231.0.3:7000"
     );
     let nodes = NetnsHosts::net_nodes(&cfg);

@@ -166,6 +166,20 @@ fn enter_namespace(ns: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Sets an `int` socket option of `fd`, ignoring a failure.
+fn set_int_option(fd: libc::c_int, level: libc::c_int, name: libc::c_int, value: libc::c_int) {
+    // SAFETY: setsockopt with a pointer to a live int of the size given.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            (&value as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+    }
+}
+
 fn kernel_addr() -> libc::sockaddr_nl {
     // SAFETY: sockaddr_nl is plain data; all zeroes is a valid value.
     let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
@@ -192,26 +206,9 @@ impl Queue {
         }
         // SAFETY: `raw` is a fresh descriptor that nothing else owns.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        let big: libc::c_int = 8 << 20;
-        let one: libc::c_int = 1;
-        // SAFETY: setsockopt with pointers to live ints of the right size. Failures only
-        // make the socket less tolerant of bursts.
-        unsafe {
-            libc::setsockopt(
-                raw,
-                libc::SOL_SOCKET,
-                libc::SO_RCVBUFFORCE,
-                (&big as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            );
-            libc::setsockopt(
-                raw,
-                libc::SOL_NETLINK,
-                libc::NETLINK_NO_ENOBUFS,
-                (&one as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            );
-        }
+        // Failures only make the socket less tolerant of bursts.
+        set_int_option(raw, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, 8 << 20);
+        set_int_option(raw, libc::SOL_NETLINK, libc::NETLINK_NO_ENOBUFS, 1);
         let addr = kernel_addr();
         // SAFETY: binds to a valid sockaddr_nl of the size given.
         let bound = unsafe {

@@ -13,7 +13,6 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use rand::seq::SliceRandom as _;
-use reqwest::Method;
 use serde::Serialize;
 use serde_json::json;
 
@@ -168,14 +167,9 @@ pub async fn ensure_voters(
                 }
                 let left = deadline.saturating_duration_since(Instant::now());
                 let timeout = VOTERS_TIMEOUT.min(left).max(Duration::from_secs(1));
+                let body = json!({ "ids": want });
                 let answer = http
-                    .send(
-                        leader,
-                        Method::POST,
-                        "/v1/cluster/voters",
-                        Some(&json!({ "ids": want })),
-                        timeout,
-                    )
+                    .post(leader, "/v1/cluster/voters", &body, timeout)
                     .await;
                 if answer.class == Class::Ok {
                     // Checked against the leader's view on the next round.
@@ -266,14 +260,9 @@ pub async fn transfers(
         if let Some(to) = transfer_target(&eligible(voters, &current), from, rng) {
             let at_ms = history.elapsed_us() / 1000;
             let started = Instant::now();
+            let body = json!({ "to": to });
             let answer = http
-                .send(
-                    from,
-                    Method::POST,
-                    "/v1/cluster/transfer-leader",
-                    Some(&json!({ "to": to })),
-                    TRANSFER_TIMEOUT,
-                )
+                .post(from, "/v1/cluster/transfer-leader", &body, TRANSFER_TIMEOUT)
                 .await;
             let millis = started.elapsed().as_millis() as u64;
             let mv = match answer.decode::<TransferLeaderResponse>() {

@@ -221,6 +221,12 @@ impl Http {
         Some((body, before / 2 + after / 2))
     }
 
+    /// `POST path` with the JSON `body` to `node` (see [`Http::send`]).
+    pub async fn post(&self, node: u64, path: &str, body: &Value, timeout: Duration) -> Answer {
+        self.send(node, Method::POST, path, Some(body), timeout)
+            .await
+    }
+
     /// `GET path` on `node`, decoded; `None` on any error.
     pub async fn get_json<T: DeserializeOwned>(
         &self,
@@ -299,37 +305,37 @@ mod tests {
 
     #[test]
     fn classification_follows_api_md() {
-        assert_eq!(classify(StatusCode::OK, None), Class::Ok);
-        assert_eq!(classify(StatusCode::CREATED, None), Class::Ok);
-        assert_eq!(
-            classify(StatusCode::NOT_FOUND, Some("topic_not_found")),
-            Class::Fail
-        );
-        assert_eq!(
-            classify(StatusCode::TOO_MANY_REQUESTS, Some("overloaded")),
-            Class::Fail
-        );
-        assert_eq!(
-            classify(StatusCode::TEMPORARY_REDIRECT, Some("not_leader")),
-            Class::Fail
-        );
-        assert_eq!(
-            classify(StatusCode::SERVICE_UNAVAILABLE, Some("no_leader")),
-            Class::Fail
-        );
-        assert_eq!(
-            classify(StatusCode::SERVICE_UNAVAILABLE, Some("shutting_down")),
-            Class::Fail
-        );
-        assert_eq!(classify(StatusCode::SERVICE_UNAVAILABLE, None), Class::Info);
-        assert_eq!(
-            classify(StatusCode::GATEWAY_TIMEOUT, Some("internal")),
-            Class::Info
-        );
-        assert_eq!(
-            classify(StatusCode::INTERNAL_SERVER_ERROR, None),
-            Class::Info
-        );
+        let cases = [
+            (StatusCode::OK, None, Class::Ok),
+            (StatusCode::CREATED, None, Class::Ok),
+            (StatusCode::NOT_FOUND, Some("topic_not_found"), Class::Fail),
+            (
+                StatusCode::TOO_MANY_REQUESTS,
+                Some("overloaded"),
+                Class::Fail,
+            ),
+            (
+                StatusCode::TEMPORARY_REDIRECT,
+                Some("not_leader"),
+                Class::Fail,
+            ),
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Some("no_leader"),
+                Class::Fail,
+            ),
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Some("shutting_down"),
+                Class::Fail,
+            ),
+            (StatusCode::SERVICE_UNAVAILABLE, None, Class::Info),
+            (StatusCode::GATEWAY_TIMEOUT, Some("internal"), Class::Info),
+            (StatusCode::INTERNAL_SERVER_ERROR, None, Class::Info),
+        ];
+        for (status, code, class) in cases {
+            assert_eq!(classify(status, code), class, "{status} {code:?}");
+        }
     }
 
     #[test]

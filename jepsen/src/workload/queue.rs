@@ -32,7 +32,9 @@ use serde::Serialize;
 use serde_json::json;
 
 use super::http::Http;
-use super::{back_off, call, create_topic, setup_request, Client, Ctx, Settings};
+use super::{
+    back_off, call, create_subscription, create_topic, setup_request, Client, Ctx, Settings,
+};
 use crate::history::{Delivery, Op, OpResult};
 
 /// Most attempts at acking one pull's receipts (workload phase).
@@ -55,15 +57,11 @@ const DRAIN_WAIT_MS: u64 = 200;
 /// Creates the topic and the subscription.
 pub async fn setup(http: &Http, settings: &Settings) -> anyhow::Result<()> {
     create_topic(http, &settings.topic).await?;
-    setup_request(
+    create_subscription(
         http,
-        Method::PUT,
-        &format!(
-            "/v1/topics/{}/subscriptions/{}",
-            settings.topic, settings.subscription
-        ),
+        &settings.topic,
+        &settings.subscription,
         &json!({"start": "first", "ack_timeout_ms": settings.ack_timeout_ms}),
-        Duration::from_secs(30),
     )
     .await?;
     if let Some(aged) = &settings.aged {
@@ -112,15 +110,7 @@ async fn holder(ctx: &Ctx, slot: usize) {
         let mut client = Client::new(&ctx.history, super::first_node(ctx, slot + 2));
         let name = format!("h{slot}");
         while ctx.may_invoke() {
-            let messages = pull(
-                ctx,
-                &mut client,
-                HOLD_PULL_MAX,
-                ctx.settings.wait_ms,
-                &name,
-                false,
-            )
-            .await;
+            let messages = pull_live(ctx, &mut client, HOLD_PULL_MAX, &name).await;
             if let Some(messages) = messages.filter(|m| !m.is_empty()) {
                 let keep = ctx.settings.ack_timeout_ms as f64 * rng.gen_range(HOLD_FRACTION);
                 let until = (Instant::now() + Duration::from_millis(keep as u64)).min(ctx.deadline);
@@ -163,15 +153,7 @@ async fn consumer(ctx: &Ctx, slot: usize) {
     let mut client = Client::new(&ctx.history, super::first_node(ctx, slot + 1));
     let consumer_name = format!("c{slot}");
     while ctx.may_invoke() {
-        let messages = pull(
-            ctx,
-            &mut client,
-            ctx.settings.pull_max,
-            ctx.settings.wait_ms,
-            &consumer_name,
-            false,
-        )
-        .await;
+        let messages = pull_live(ctx, &mut client, ctx.settings.pull_max, &consumer_name).await;
         if let Some(messages) = messages {
             if !messages.is_empty() {
                 // Retries may run a little past the deadline: a definite answer is worth it.
@@ -183,6 +165,16 @@ async fn consumer(ctx: &Ctx, slot: usize) {
 }
 
 /// One pull, recorded. `Some(messages)` when it was ok.
+/// A pull of the workload phase: the run's long-poll, not the final drain.
+async fn pull_live(
+    ctx: &Ctx,
+    client: &mut Client,
+    max: u32,
+    consumer: &str,
+) -> Option<Vec<Message>> {
+    pull(ctx, client, max, ctx.settings.wait_ms, consumer, false).await
+}
+
 async fn pull(
     ctx: &Ctx,
     client: &mut Client,

@@ -19,14 +19,12 @@
 //!   refused because the cursor is already higher (400) records nothing about the cursor.
 //! - The final phase is the final read through every node (see [`super::final_reads`]).
 
-use std::time::Duration;
-
 use raftq_client::api::{CursorResponse, ReadResponse};
 use reqwest::Method;
 use serde_json::json;
 
 use super::http::Http;
-use super::{back_off, call, create_topic, setup_request, Client, Ctx, Settings};
+use super::{back_off, call, create_subscription, create_topic, Client, Ctx, Settings};
 use crate::history::{Op, OpResult};
 
 /// Most records one read asks for.
@@ -41,16 +39,12 @@ fn reader_subscription(settings: &Settings, slot: usize) -> String {
 pub async fn setup(http: &Http, settings: &Settings) -> anyhow::Result<()> {
     create_topic(http, &settings.topic).await?;
     for slot in 0..settings.consumers {
-        setup_request(
+        let subscription = reader_subscription(settings, slot);
+        create_subscription(
             http,
-            Method::PUT,
-            &format!(
-                "/v1/topics/{}/subscriptions/{}",
-                settings.topic,
-                reader_subscription(settings, slot)
-            ),
+            &settings.topic,
+            &subscription,
             &json!({"start": "first"}),
-            Duration::from_secs(30),
         )
         .await?;
     }
