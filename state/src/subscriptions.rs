@@ -570,9 +570,7 @@ pub(super) fn set_cursor(
         let done_passed = sub.done.count_below(target);
         sub.counters.skipped += (target - sub.cursor) - done_passed;
     }
-    forget_where(sub, &mut state.due, id, |offset| {
-        backward || offset < target
-    });
+    forget_below(sub, &mut state.due, id, (!backward).then_some(target));
     if backward {
         sub.done.clear();
         sub.next_fresh = target;
@@ -598,7 +596,7 @@ pub(super) fn trim(state: &mut SmState, id: u64, first: u64, writes: &mut Vec<Wr
     }
     let done_passed = sub.done.count_below(first);
     sub.counters.discarded_retention += (first - sub.cursor) - done_passed;
-    forget_where(sub, &mut state.due, id, |offset| offset < first);
+    forget_below(sub, &mut state.due, id, Some(first));
     sub.done.remove_below(first);
     sub.cursor = first;
     sub.next_fresh = sub.next_fresh.max(first);
@@ -606,29 +604,26 @@ pub(super) fn trim(state: &mut SmState, id: u64, first: u64, writes: &mut Vec<Wr
     writes.push(Write::PutSub(id));
 }
 
-/// Forgets the leases and pending redeliveries of subscription `id` (`sub`) at the offsets
-/// `forget` picks, and their entries in the due index `due`.
-fn forget_where(
+/// Forgets the leases and pending redeliveries of subscription `id` (`sub`) below `bound`
+/// (every one when `None`), and their entries in the due index `due`.
+fn forget_below(
     sub: &mut SubState,
     due: &mut BTreeSet<(u64, u64, u64)>,
     id: u64,
-    forget: impl Fn(u64) -> bool,
+    bound: Option<u64>,
 ) {
-    fn drop_picked<V>(
+    fn drop_below<V>(
         map: &mut BTreeMap<u64, V>,
         due: &mut BTreeSet<(u64, u64, u64)>,
         id: u64,
-        forget: &impl Fn(u64) -> bool,
+        bound: Option<u64>,
         due_ms: impl Fn(&V) -> u64,
     ) {
-        map.retain(|offset, v| {
-            let keep = !forget(*offset);
-            if !keep {
-                due.remove(&(due_ms(v), id, *offset));
-            }
-            keep
-        });
+        let kept = bound.map_or_else(BTreeMap::new, |b| map.split_off(&b));
+        for (offset, v) in std::mem::replace(map, kept) {
+            due.remove(&(due_ms(&v), id, offset));
+        }
     }
-    drop_picked(&mut sub.leases, due, id, &forget, |l| l.expires_ms);
-    drop_picked(&mut sub.pending, due, id, &forget, |p| p.not_before_ms);
+    drop_below(&mut sub.leases, due, id, bound, |l| l.expires_ms);
+    drop_below(&mut sub.pending, due, id, bound, |p| p.not_before_ms);
 }

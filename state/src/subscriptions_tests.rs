@@ -748,6 +748,15 @@ fn cursor_moves_forward_backward_and_refuses_the_rest() {
         replay.iter().map(|d| d.receipt.offset).collect::<Vec<_>>(),
         vec![1, 2, 3, 4]
     );
+    // Backward over leased records (above the new cursor): every lease is forgotten, with its
+    // expiry timer, and its receipt is stale.
+    assert_eq!(h.run(set(0, true, false)), Ok(Outcome::CursorSet(0)));
+    assert!(h.sub().leases.is_empty(), "{:?}", h.sub().leases);
+    assert!(h.state.due.is_empty(), "{:?}", h.state.due);
+    assert_eq!(
+        h.settle(ReceiptAction::Ack, vec![replay[3].receipt]),
+        vec![ReceiptOutcome::Stale]
+    );
 }
 
 #[test]
