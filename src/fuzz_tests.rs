@@ -199,6 +199,7 @@ fn decode_client_input(b: &[u8]) {
     if let Ok(a) = serde_json::from_slice::<AckRequest>(b) {
         let _ = crate::api::subscriptions::parse_receipts(&a.receipts);
     }
+    let _ = crate::api::records::convert_batches(b);
     let text = String::from_utf8_lossy(b).into_owned();
     let _ = crate::api::records::read_params(&Some(text.clone()));
     let _ = crate::state::Receipt::parse(&text);
@@ -233,8 +234,47 @@ fn decode_client_input(b: &[u8]) {
     let _ = crate::tokens::Tokens::parse(&text, "cluster-secret-0123");
 }
 
+/// A record batch publish body: two records with a key, headers and a binary value.
+fn sample_record_batch() -> Vec<u8> {
+    use raftq_client::batch::{encode, BatchHeader, RecordRef};
+    let headers = [("h", Some(&b"v"[..]))];
+    let records = [
+        RecordRef {
+            timestamp_delta: 0,
+            key: Some(b"k"),
+            value: Some(&[0, 1, 0xff]),
+            headers: &headers,
+        },
+        RecordRef {
+            timestamp_delta: 5,
+            key: None,
+            value: Some(b"text"),
+            headers: &[],
+        },
+    ];
+    let header = BatchHeader {
+        base_offset: 0,
+        partition_leader_epoch: -1,
+        attributes: 0,
+        last_offset_delta: 1,
+        base_timestamp: -1,
+        max_timestamp: -1,
+        producer_id: -1,
+        producer_epoch: -1,
+        base_sequence: -1,
+    };
+    let mut out = Vec::new();
+    encode(&header, &records, &mut out);
+    out
+}
+
 proptest! {
     #![proptest_config(config())]
+
+    #[test]
+    fn fuzz_record_batch_publish_mutated(b in mutated(sample_record_batch())) {
+        decode_client_input(&b);
+    }
 
     #[test]
     fn fuzz_raft_rpc_bodies(b in bytes()) {

@@ -61,6 +61,24 @@ pub struct Connection {
     /// PEM CA certificates to trust for `https://` nodes, instead of the system's.
     #[arg(long, value_name = "FILE", env = "RAFTQ_CA_FILE", global = true)]
     pub ca_file: Option<std::path::PathBuf>,
+    /// How publishes are sent: Kafka record batches, or JSON (for servers that predate
+    /// record batches).
+    #[arg(
+        long,
+        value_enum,
+        value_name = "FORMAT",
+        env = "RAFTQ_PUBLISH_FORMAT",
+        default_value = "record-batch",
+        global = true
+    )]
+    pub publish_format: PublishFormatArg,
+}
+
+/// `--publish-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PublishFormatArg {
+    RecordBatch,
+    Json,
 }
 
 /// `raftq consume`: pull messages of a subscription, print each, ack it once printed.
@@ -237,6 +255,10 @@ fn connect(connection: &Connection) -> Result<Client, Failure> {
     if let Some(ca) = &connection.ca_file {
         builder = builder.ca_file(ca)?;
     }
+    builder = builder.publish_format(match connection.publish_format {
+        PublishFormatArg::RecordBatch => raftq_client::PublishFormat::RecordBatch,
+        PublishFormatArg::Json => raftq_client::PublishFormat::Json,
+    });
     Ok(builder.build()?)
 }
 

@@ -213,6 +213,7 @@
 //! - `reader`: [`Reader`].
 
 pub mod api;
+pub mod batch;
 mod client;
 mod error;
 pub mod producer;
@@ -222,7 +223,7 @@ pub mod subscriber;
 mod transport;
 
 pub use client::{
-    Client, ClientBuilder, ReadOptions, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DEADLINE,
+    Client, ClientBuilder, PublishFormat, ReadOptions, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DEADLINE,
     DEFAULT_REQUEST_TIMEOUT,
 };
 pub use error::Error;

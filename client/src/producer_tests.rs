@@ -202,11 +202,12 @@ async fn serve(
     let (read_half, mut write_half) = stream.into_split();
     let mut reader = BufReader::new(read_half);
     while let Some((method, target, body)) = read_request(&mut reader).await {
-        let (status, answer) = if method == "POST" && target == "/v1/topics/t/records" {
-            let request: PublishRequest = match serde_json::from_slice(&body) {
-                Ok(request) => request,
-                Err(err) => panic!("the producer sent an invalid publish body: {err}"),
-            };
+        let (path, request) = if method == "POST" {
+            crate::client::sent_publish(&target, &body)
+        } else {
+            (target.clone(), PublishRequest::default())
+        };
+        let (status, answer) = if method == "POST" && path == "/v1/topics/t/records" {
             let incoming = Incoming {
                 producer_id: request.producer_id,
                 seq: request.sequence,

@@ -304,7 +304,10 @@ async fn redirect_is_followed_with_body_and_token_and_leader_is_remembered() {
     assert_eq!(resent.target, RECORDS);
     for request in [sent, resent] {
         assert_eq!(request.header("authorization"), Some("Bearer tok"));
-        assert_eq!(request.header("content-type"), Some("application/json"));
+        assert_eq!(
+            request.header("content-type"),
+            Some(crate::api::RECORD_BATCH_CONTENT_TYPE)
+        );
     }
     assert_eq!(client.known_leader(), Some(format!("{}/", b.url)));
 
@@ -443,6 +446,61 @@ async fn unsafe_publish_bytes_is_not_resent_after_a_time_out() {
     assert_eq!(a.count(), 1);
 }
 
+/// A publish goes as one Kafka record batch by default: the records' bytes (a binary value as
+/// its bytes, not base64), keys and headers, with `producer_id` and `sequence` in the query;
+/// with `PublishFormat::Json`, as the JSON body of API.md.
+#[tokio::test]
+async fn publishes_go_as_record_batches_by_default_and_as_json_when_asked() {
+    let a = bind()
+        .await
+        .serve(|index, _| Action::Reply(published(index as u64, index as u64, false)));
+    let mut request = idempotent_batch();
+    request.records.push(
+        RecordIn::binary(&[0, 159, 146, 150, 255])
+            .with_header("h", "v")
+            .with_key("k2"),
+    );
+    client(&[&a.url])
+        .publish("t", &request)
+        .await
+        .expect("publish");
+    Client::builder([&a.url])
+        .publish_format(crate::PublishFormat::Json)
+        .build()
+        .expect("client")
+        .publish("t", &request)
+        .await
+        .expect("publish");
+
+    let requests = a.requests();
+    assert_eq!(
+        requests[0].header("content-type"),
+        Some(crate::api::RECORD_BATCH_CONTENT_TYPE)
+    );
+    assert_eq!(
+        requests[0].target,
+        format!("{RECORDS}?producer_id=p-1&sequence=4")
+    );
+    let limits = crate::batch::Limits::default();
+    let batches = crate::batch::decode_all(&requests[0].body, &limits).expect("record batches");
+    let sent = &batches[0].records;
+    assert_eq!(sent.len(), 3);
+    assert_eq!(sent[2].value, Some(&[0u8, 159, 146, 150, 255][..]));
+    assert_eq!(sent[2].key, Some(&b"k2"[..]));
+    assert_eq!(sent[2].headers[0].key, "h");
+    assert_eq!(sent[1].value, Some(&b"two"[..]));
+    assert_eq!(sent[0].key, None);
+    assert_eq!(
+        crate::client::sent_publish(&requests[0].target, &requests[0].body).1,
+        request
+    );
+
+    assert_eq!(requests[1].header("content-type"), Some("application/json"));
+    assert_eq!(requests[1].target, RECORDS);
+    let json: PublishRequest = serde_json::from_slice(&requests[1].body).expect("JSON");
+    assert_eq!(json, request);
+}
+
 #[tokio::test]
 async fn idempotent_publish_is_resent_after_a_dropped_connection() {
     let a = bind().await.serve(|index, _| match index {
@@ -462,7 +520,7 @@ async fn idempotent_publish_is_resent_after_a_dropped_connection() {
         requests[0].body, requests[1].body,
         "same producer_id and sequence"
     );
-    let sent: PublishRequest = serde_json::from_slice(&requests[1].body).expect("json");
+    let (_, sent) = crate::client::sent_publish(&requests[1].target, &requests[1].body);
     assert_eq!(sent, idempotent_batch());
 }
 

@@ -12,8 +12,9 @@ use base64::Engine as _;
 use raftq_client::api::{
     CommitPoint, ErrorCode, PublishRequest, PublishResponse, ReadFrom, ReadResponse, Record,
     RecordIn, MAX_BATCH_RECORDS, MAX_HEADER_NAME_BYTES, MAX_KEY_BYTES, MAX_READ_RECORDS,
-    MAX_RECORD_HEADERS, MAX_WAIT_MS,
+    MAX_RECORD_HEADERS, MAX_WAIT_MS, RECORD_BATCH_CONTENT_TYPE,
 };
+use raftq_client::batch;
 
 use super::error::ApiError;
 use super::limits::Limits;
@@ -65,28 +66,113 @@ pub(crate) fn convert(what: &str, r: RecordIn) -> Result<NewRecord, ApiError> {
             )))
         }
     };
-    if r.headers.len() > MAX_RECORD_HEADERS {
-        return Err(ApiError::invalid(format!(
-            "{what} has {} headers; at most {MAX_RECORD_HEADERS} are allowed",
-            r.headers.len()
-        )));
-    }
-    if let Some(name) = r
-        .headers
-        .keys()
-        .find(|k| k.is_empty() || k.len() > MAX_HEADER_NAME_BYTES)
-    {
-        return Err(ApiError::invalid(format!(
-            "{what} has a header name of {} bytes; names are 1 to {MAX_HEADER_NAME_BYTES} bytes",
-            name.len()
-        )));
-    }
+    check_headers(what, r.headers.len(), r.headers.keys().map(String::as_str))?;
     check_key(what, r.key.as_deref())?;
     Ok(NewRecord {
         key: r.key,
         headers: r.headers.into_iter().collect(),
         value,
     })
+}
+
+/// At most [`MAX_RECORD_HEADERS`] headers, each name 1 to [`MAX_HEADER_NAME_BYTES`] bytes.
+fn check_headers<'a>(
+    what: &str,
+    count: usize,
+    mut names: impl Iterator<Item = &'a str>,
+) -> Result<(), ApiError> {
+    if count > MAX_RECORD_HEADERS {
+        return Err(ApiError::invalid(format!(
+            "{what} has {count} headers; at most {MAX_RECORD_HEADERS} are allowed"
+        )));
+    }
+    if let Some(name) = names.find(|k| k.is_empty() || k.len() > MAX_HEADER_NAME_BYTES) {
+        return Err(ApiError::invalid(format!(
+            "{what} has a header name of {} bytes; names are 1 to {MAX_HEADER_NAME_BYTES} bytes",
+            name.len()
+        )));
+    }
+    Ok(())
+}
+
+/// The records of a binary publish: a body of Kafka record batches (see
+/// [`raftq_client::batch`]), each record becoming one log record. Keys and header values must
+/// be UTF-8 (raftq's keys and header values are text), values and header values must not be
+/// null, and header names must not repeat. The batches' timestamps and producer fields are not
+/// used: the leader stamps each record, and idempotency is `producer_id` and `sequence`.
+pub(crate) fn convert_batches(body: &[u8]) -> Result<Vec<NewRecord>, ApiError> {
+    let limits = batch::Limits {
+        max_records: MAX_BATCH_RECORDS,
+        max_headers_per_record: MAX_RECORD_HEADERS,
+    };
+    let batches = batch::decode_all(body, &limits)
+        .map_err(|e| ApiError::invalid(format!("malformed record batch: {e}")))?;
+    let count: usize = batches.iter().map(|b| b.records.len()).sum();
+    if count > MAX_BATCH_RECORDS {
+        return Err(ApiError::invalid(format!(
+            "a publish carries 1 to {MAX_BATCH_RECORDS} records, not {count}"
+        )));
+    }
+    let mut records = Vec::with_capacity(count);
+    for r in batches.iter().flat_map(|b| &b.records) {
+        let what = format!("record {}", records.len());
+        let text = |field: &str, bytes: &[u8]| {
+            std::str::from_utf8(bytes)
+                .map(str::to_owned)
+                .map_err(|_| ApiError::invalid(format!("{what}: its {field} is not UTF-8 text")))
+        };
+        let key = r.key.map(|k| text("key", k)).transpose()?;
+        check_key(&what, key.as_deref())?;
+        check_headers(&what, r.headers.len(), r.headers.iter().map(|h| h.key))?;
+        let mut headers = Vec::with_capacity(r.headers.len());
+        for h in &r.headers {
+            let value = h.value.ok_or_else(|| {
+                ApiError::invalid(format!("{what}: header {:?} has a null value", h.key))
+            })?;
+            headers.push((
+                h.key.to_owned(),
+                text(&format!("header {:?}", h.key), value)?,
+            ));
+        }
+        headers.sort_by(|a, b| a.0.cmp(&b.0));
+        if let Some(pair) = headers.windows(2).find(|p| p[0].0 == p[1].0) {
+            return Err(ApiError::invalid(format!(
+                "{what}: header {:?} appears more than once",
+                pair[0].0
+            )));
+        }
+        let value = r
+            .value
+            .ok_or_else(|| ApiError::invalid(format!("{what} has a null value")))?;
+        records.push(NewRecord {
+            key,
+            headers,
+            value: value.to_vec(),
+        });
+    }
+    Ok(records)
+}
+
+/// `producer_id` and `sequence`, from a JSON body or a binary publish's query: both or neither.
+fn producer_seq(
+    producer_id: Option<String>,
+    sequence: Option<u64>,
+) -> Result<Option<ProducerSeq>, ApiError> {
+    match (producer_id, sequence) {
+        (Some(producer_id), Some(sequence)) => {
+            let seq = ProducerSeq {
+                producer_id,
+                sequence,
+            };
+            producers::validate(&seq)?;
+            Ok(Some(seq))
+        }
+        (None, None) => Ok(None),
+        _ => Err(ApiError::invalid(
+            "producer_id and sequence go together: send both for an idempotent batch, or \
+             neither",
+        )),
+    }
 }
 
 /// The query of a raw publish (`Content-Type: application/octet-stream`), as [`publish`] reads
@@ -98,7 +184,32 @@ pub struct RawPublishQuery {
     /// The record's key (a raw publish only; at most 4,096 bytes).
     #[param(max_length = 4096)]
     key: Option<String>,
+    /// With `sequence`, makes a record batch publish idempotent (a record batch publish only;
+    /// in a JSON publish it is a body field).
+    #[param(pattern = "^[A-Za-z0-9._-]{1,128}$")]
+    producer_id: Option<String>,
+    /// The producer's batch number on this topic (a record batch publish only).
+    sequence: Option<u64>,
 }
+
+/// The body of a record batch publish: Kafka record batches (magic 2, uncompressed).
+pub struct RecordBatchBody;
+
+impl utoipa::PartialSchema for RecordBatchBody {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{KnownFormat, ObjectBuilder, SchemaFormat, Type};
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .format(Some(SchemaFormat::KnownFormat(KnownFormat::Binary)))
+            .description(Some(
+                "One or more Kafka record batches (magic 2, uncompressed, not transactional) \
+                 back to back, 1 to 10,000 records in all; keys and header values UTF-8",
+            ))
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for RecordBatchBody {}
 
 /// The body of a raw publish: the record's value, any bytes.
 pub struct RawValue;
@@ -118,9 +229,11 @@ impl utoipa::ToSchema for RawValue {}
 
 /// Publish records
 ///
-/// A JSON batch of 1 to 10,000 records, idempotent with `producer_id` and `sequence`; or, with
-/// `Content-Type: application/octet-stream`, one record whose value is the raw body (`?key=`
-/// sets its key). A 2xx means the batch is committed on a majority and applied.
+/// A JSON batch of 1 to 10,000 records, idempotent with `producer_id` and `sequence`; the same
+/// as Kafka record batches with `Content-Type: application/vnd.raftq.record-batch` (`?producer_id=`
+/// and `?sequence=` make it idempotent); or, with `Content-Type: application/octet-stream`, one
+/// record whose value is the raw body (`?key=` sets its key). A 2xx means the batch is
+/// committed on a majority and applied.
 #[utoipa::path(
     post,
     path = "/v1/topics/{topic}/records",
@@ -131,6 +244,7 @@ impl utoipa::ToSchema for RawValue {}
         description = "A batch of records, or one raw record",
         content(
             (PublishRequest = "application/json"),
+            (inline(RecordBatchBody) = "application/vnd.raftq.record-batch"),
             (inline(RawValue) = "application/octet-stream"),
         )
     ),
@@ -177,23 +291,7 @@ pub async fn publish(
         }]
     } else if content_type.starts_with("application/json") {
         let req: PublishRequest = parse_json(&body)?;
-        producer = match (req.producer_id, req.sequence) {
-            (Some(producer_id), Some(sequence)) => {
-                let seq = ProducerSeq {
-                    producer_id,
-                    sequence,
-                };
-                producers::validate(&seq)?;
-                Some(seq)
-            }
-            (None, None) => None,
-            _ => {
-                return Err(ApiError::invalid(
-                    "producer_id and sequence go together: send both for an idempotent batch, \
-                     or neither",
-                ))
-            }
-        };
+        producer = producer_seq(req.producer_id, req.sequence)?;
         if req.records.is_empty() || req.records.len() > MAX_BATCH_RECORDS {
             return Err(ApiError::invalid(format!(
                 "a publish carries 1 to {MAX_BATCH_RECORDS} records, not {}",
@@ -205,9 +303,25 @@ pub async fn publish(
             .enumerate()
             .map(|(i, r)| convert(&format!("record {i}"), r))
             .collect::<Result<Vec<_>, _>>()?
+    } else if content_type.starts_with(RECORD_BATCH_CONTENT_TYPE) {
+        let (mut producer_id, mut sequence) = (None, None);
+        for (k, v) in query_pairs(&raw) {
+            match k.as_str() {
+                "producer_id" => producer_id = Some(v),
+                "sequence" => sequence = Some(parse_u64("sequence", &v)?),
+                other => {
+                    return Err(ApiError::invalid(format!(
+                        "unknown query parameter {other:?} for a record batch publish"
+                    )))
+                }
+            }
+        }
+        producer = producer_seq(producer_id, sequence)?;
+        convert_batches(&body)?
     } else {
         return Err(ApiError::invalid(format!(
-            "unsupported Content-Type {content_type:?}: use application/json or application/octet-stream"
+            "unsupported Content-Type {content_type:?}: use application/json, \
+             {RECORD_BATCH_CONTENT_TYPE} or application/octet-stream"
         )));
     };
     // Refuse oversize records before proposing (apply checks again, deterministically).

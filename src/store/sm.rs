@@ -394,10 +394,13 @@ impl SmShared {
                 values::encode(&view.membership).map_err(enc)?,
             );
         }
-        // Not synced: every applied entry is already fsynced in the Raft log, and the log and
-        // the state machine share one WAL, so recovery replays a consistent prefix.
+        // Not in the WAL (see `apply_write_options`): a crash loses what was applied since
+        // the family's last flush, and start-up applies it again from the Raft log. What a
+        // flush makes durable is a consistent prefix (one batch per apply call, the applied
+        // id in it), and never ahead of the log: before it writes a table file RocksDB syncs
+        // every closed WAL, which hold the log entries the flushed applies came from.
         self.db
-            .write_opt(batch, &super::write_options(false))
+            .write_opt(batch, &super::apply_write_options())
             .map_err(to_io)?;
         self.applied_tx.send_replace(view.commit_point.index);
         Ok(responses)
@@ -469,10 +472,24 @@ impl SmShared {
             snapshot::build_from(&self.db, &view, &self.snapshot_dir, snapshot_id_suffix())
                 .map_err(to_io)?;
         drop(view);
+        // Once this returns, openraft may purge the log up to the snapshot. Apply writes skip
+        // the WAL, so make the applied state durable in table files first: a crash then
+        // re-applies only what came after, from the log, instead of loading the whole
+        // snapshot file again at start-up (which `open` would do, and is correct, but slow).
+        self.flush_state()?;
         let (meta, path) = self.adopt_built(meta, path, bytes);
         log_snapshot("built", &meta, bytes, started);
         metrics::histogram!("raftq_snapshot_build_seconds").record(started.elapsed().as_secs_f64());
         Ok((meta, path))
+    }
+
+    /// Writes what the state machine applied so far to table files (waits for the flush).
+    pub(crate) fn flush_state(&self) -> std::io::Result<()> {
+        let cf = self
+            .db
+            .cf_handle(CF_SM)
+            .ok_or_else(|| to_io("column family sm missing"))?;
+        self.db.flush_cf(cf).map_err(to_io)
     }
 
     /// Makes a freshly built snapshot the current one and removes the others, unless the

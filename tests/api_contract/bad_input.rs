@@ -6,7 +6,9 @@ use reqwest::Method;
 use serde_json::{json, Value};
 
 use crate::common::Cluster;
-use crate::{records_of, OCTET_STREAM};
+use raftq_client::api::RECORD_BATCH_CONTENT_TYPE;
+
+use crate::{record_batch, records_of, BatchRecord, OCTET_STREAM};
 
 /// One request of the bad-input table.
 struct Bad {
@@ -48,6 +50,162 @@ fn bad_publish(
         body: body.into(),
         ..bad(what, Method::POST, "/v1/topics/good/records", status, code)
     }
+}
+
+fn bad_batch(
+    what: &'static str,
+    query: &str,
+    body: Vec<u8>,
+    status: u16,
+    code: &'static str,
+) -> Bad {
+    Bad {
+        content_type: Some(RECORD_BATCH_CONTENT_TYPE),
+        body,
+        ..bad(
+            what,
+            Method::POST,
+            format!("/v1/topics/good/records{query}"),
+            status,
+            code,
+        )
+    }
+}
+
+/// Record batch publishes that must be refused.
+fn bad_batches() -> Vec<Bad> {
+    let mib = 1 << 20;
+    let good = record_batch(&[(None, Some(b"v"), vec![])]);
+    let mut flipped = good.clone();
+    let last = flipped.len() - 1;
+    flipped[last] ^= 1;
+    let mut compressed = good.clone();
+    compressed[22] |= 1; // attributes: gzip; the CRC no longer matches either
+    let big = vec![7u8; mib + 1];
+    let many: Vec<BatchRecord<'_>> = (0..10_001)
+        .map(|_| (None, Some(&b"x"[..]), vec![]))
+        .collect();
+    vec![
+        bad_batch(
+            "an empty record batch body",
+            "",
+            vec![],
+            400,
+            "invalid_argument",
+        ),
+        bad_batch(
+            "a record batch cut short",
+            "",
+            good[..good.len() - 1].to_vec(),
+            400,
+            "invalid_argument",
+        ),
+        bad_batch(
+            "a record batch whose CRC does not match",
+            "",
+            flipped,
+            400,
+            "invalid_argument",
+        ),
+        bad_batch(
+            "a compressed record batch",
+            "",
+            compressed,
+            400,
+            "invalid_argument",
+        ),
+        bad_batch(
+            "a record batch followed by a stray byte",
+            "",
+            [good.clone(), vec![0]].concat(),
+            400,
+            "invalid_argument",
+        ),
+        bad_batch(
+            "a record with a null value",
+            "",
+            record_batch(&[(None, None, vec![])]),
+            400,
+            "invalid_argument",
+        ),
+        bad_batch(
+            "a key that is not UTF-8",
+            "",
+            record_batch(&[(Some(&[0xff, 0xfe]), Some(b"v"), vec![])]),
+            400,
+            "invalid_argument",
+        ),
+        bad_batch(
+            "a header value that is not UTF-8",
+            "",
+            record_batch(&[(None, Some(b"v"), vec![("h", Some(&[0xc3][..]))])]),
+            400,
+            "invalid_argument",
+        ),
+        bad_batch(
+            "a header with a null value",
+            "",
+            record_batch(&[(None, Some(b"v"), vec![("h", None)])]),
+            400,
+            "invalid_argument",
+        ),
+        bad_batch(
+            "a header name that repeats",
+            "",
+            record_batch(&[(None, Some(b"v"), vec![("h", Some(b"1")), ("h", Some(b"2"))])]),
+            400,
+            "invalid_argument",
+        ),
+        bad_batch(
+            "an empty header name in a record batch",
+            "",
+            record_batch(&[(None, Some(b"v"), vec![("", Some(b"1"))])]),
+            400,
+            "invalid_argument",
+        ),
+        bad_batch(
+            "a key of 4 KiB + 1 byte in a record batch",
+            "",
+            record_batch(&[(Some(&[b'k'; 4097]), Some(b"v"), vec![])]),
+            400,
+            "invalid_argument",
+        ),
+        bad_batch(
+            "10,001 records in a record batch",
+            "",
+            record_batch(&many),
+            400,
+            "invalid_argument",
+        ),
+        bad_batch(
+            "a producer_id without a sequence",
+            "?producer_id=p",
+            good.clone(),
+            400,
+            "invalid_argument",
+        ),
+        bad_batch(
+            "a sequence that is not a number",
+            "?producer_id=p&sequence=x",
+            good.clone(),
+            400,
+            "invalid_argument",
+        ),
+        bad_batch(
+            "an unknown query parameter on a record batch publish",
+            "?key=k",
+            good,
+            400,
+            "invalid_argument",
+        ),
+        bad_batch(
+            "a record of 1 MiB + 1 byte in a record batch",
+            "",
+            record_batch(&[(None, Some(&big), vec![])]),
+            413,
+            "payload_too_large",
+        ),
+    ]
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -359,6 +517,7 @@ async fn bad_input_is_refused_and_changes_nothing() {
             "subscription_not_found",
         ),
     ];
+    cases.extend(bad_batches());
     // The same checks on a follower for reads (any node serves them).
     let follower = c.follower_id().await;
     cases.push(Bad {

@@ -25,6 +25,41 @@ use serde_json::{json, Value};
 
 const OCTET_STREAM: &str = "application/octet-stream";
 
+/// One record of a [`record_batch`]: key, value, headers.
+type BatchRecord<'a> = (
+    Option<&'a [u8]>,
+    Option<&'a [u8]>,
+    Vec<(&'a str, Option<&'a [u8]>)>,
+);
+
+/// A Kafka record batch (the body of a record batch publish) of `records`.
+fn record_batch(records: &[BatchRecord<'_>]) -> Vec<u8> {
+    use raftq_client::batch::{encode, BatchHeader, RecordRef};
+    let refs: Vec<RecordRef<'_>> = records
+        .iter()
+        .map(|(key, value, headers)| RecordRef {
+            timestamp_delta: 0,
+            key: *key,
+            value: *value,
+            headers,
+        })
+        .collect();
+    let header = BatchHeader {
+        base_offset: 0,
+        partition_leader_epoch: -1,
+        attributes: 0,
+        last_offset_delta: refs.len() as i32 - 1,
+        base_timestamp: -1,
+        max_timestamp: -1,
+        producer_id: -1,
+        producer_epoch: -1,
+        base_sequence: -1,
+    };
+    let mut out = Vec::new();
+    encode(&header, &refs, &mut out);
+    out
+}
+
 fn records_of<S: AsRef<str>>(values: &[S]) -> Value {
     json!({ "records": values.iter().map(|v| json!({ "value": v.as_ref() })).collect::<Vec<_>>() })
 }

@@ -10,7 +10,9 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 
 use crate::common::Cluster;
-use crate::{records_of, values, OCTET_STREAM};
+use raftq_client::api::RECORD_BATCH_CONTENT_TYPE;
+
+use crate::{record_batch, records_of, values, OCTET_STREAM};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn topics_publish_and_read_round_trip() {
@@ -106,6 +108,32 @@ async fn topics_publish_and_read_round_trip() {
     let ack: PublishResponse = c.json_of(resp, 200, "publish raw").await;
     assert_eq!((ack.first_offset, ack.last_offset), (2, 2), "{ack:?}");
 
+    // Publish a record batch: a binary value as its bytes, a key and headers; idempotent
+    // with producer_id and sequence in the query, so the same batch again is a duplicate.
+    let batch = record_batch(&[(
+        Some(b"k3"),
+        Some(&[0xfe, 0x00, 0x7f]),
+        vec![("b", Some(b"2")), ("a", Some(b"1"))],
+    )]);
+    for (attempt, duplicate) in [("publish a record batch", false), ("again", true)] {
+        let resp = c
+            .send(
+                http.post(format!(
+                    "{lurl}/v1/topics/orders/records?producer_id=batcher&sequence=0"
+                ))
+                .header(CONTENT_TYPE, RECORD_BATCH_CONTENT_TYPE)
+                .body(batch.clone()),
+                attempt,
+            )
+            .await;
+        let ack: PublishResponse = c.json_of(resp, 200, attempt).await;
+        assert_eq!(
+            (ack.first_offset, ack.last_offset, ack.duplicate),
+            (3, 3, duplicate),
+            "{attempt}: {ack:?}"
+        );
+    }
+
     // The topic's own record size limit: 65 bytes of value on a 64-byte topic.
     let resp = c
         .send(
@@ -127,11 +155,11 @@ async fn topics_publish_and_read_round_trip() {
     let page = c.read(follower, "orders", "from=first").await;
     assert_eq!(
         (page.next_offset, page.high_watermark, page.skipped),
-        (3, 3, 0),
+        (4, 4, 0),
         "{page:?}"
     );
     let r = &page.records;
-    assert_eq!(r.len(), 3, "{page:?}");
+    assert_eq!(r.len(), 4, "{page:?}");
     assert_eq!(r[0].value.as_deref(), Some("hello"));
     assert_eq!(r[0].key.as_deref(), Some("k1"));
     assert_eq!(r[0].headers.get("h").map(String::as_str), Some("v"));
@@ -141,6 +169,18 @@ async fn topics_publish_and_read_round_trip() {
     );
     assert_eq!(r[2].value.as_deref(), Some("raw-bytes"));
     assert_eq!(r[2].key.as_deref(), Some("order 17"));
+    assert_eq!(
+        (r[3].value.as_deref(), r[3].value_b64.as_deref()),
+        (None, Some("/gB/"))
+    );
+    assert_eq!(r[3].key.as_deref(), Some("k3"));
+    assert_eq!(
+        r[3].headers.iter().collect::<Vec<_>>(),
+        vec![
+            (&"a".to_string(), &"1".to_string()),
+            (&"b".to_string(), &"2".to_string())
+        ]
+    );
     assert!(
         r.iter().all(|x| x.timestamp_ms > 0),
         "leader timestamps: {page:?}"
@@ -159,7 +199,7 @@ async fn topics_publish_and_read_round_trip() {
     let page = c.read(follower, "orders", "from=last").await;
     assert_eq!(
         page.records.iter().map(|r| r.offset).collect::<Vec<_>>(),
-        vec![2],
+        vec![3],
         "{page:?}"
     );
     let page = c.read(follower, "orders", "from=1&max=1").await;
@@ -171,7 +211,7 @@ async fn topics_publish_and_read_round_trip() {
     assert_eq!(page.next_offset, 2, "{page:?}");
     let page = c.read(follower, "orders", "from=7").await;
     assert!(page.records.is_empty(), "{page:?}");
-    assert_eq!(page.high_watermark, 3, "{page:?}");
+    assert_eq!(page.high_watermark, 4, "{page:?}");
 
     // GET list on a follower.
     let list: TopicList = c.topics(follower).await;
@@ -180,7 +220,7 @@ async fn topics_publish_and_read_round_trip() {
     let orders = &list.topics[0];
     assert_eq!(
         (orders.first_offset, orders.next_offset, orders.records),
-        (0, 3, 3),
+        (0, 4, 4),
         "{list:?}"
     );
     assert!(orders.bytes > 0, "{list:?}");

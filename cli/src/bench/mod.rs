@@ -15,7 +15,8 @@
 //! Every workload runs on a topic of its own (`<prefix>-p1-<run id>` ...), deleted afterwards
 //! unless `--keep`. Results are a table on stdout, or one JSON object per workload with
 //! `--json`; `--out FILE` appends the JSON lines to a file as well. `--watch-pid` samples the
-//! resident memory of server processes on this machine during each workload.
+//! resident memory of server processes on this machine during each workload, and what each
+//! record cost: their CPU time and this process's, and the bytes they wrote to disk.
 
 mod measure;
 mod workloads;
@@ -43,7 +44,8 @@ use serde::Serialize;
 
 use crate::{block_on, connect, describe, table, Connection, Failure};
 
-use measure::{histogram, latency, round, Errors, MemoryWatch};
+use measure::{histogram, latency, round, CostWatch, Errors, MemoryWatch};
+pub use measure::{Cost, ProcessCost};
 
 /// Distinct payloads generated per run; records cycle through them.
 const PAYLOAD_POOL: usize = 1024;
@@ -152,7 +154,7 @@ pub struct BenchArgs {
     #[arg(long)]
     pub keep: bool,
     /// Sample the resident memory of this process (a node on this machine) during each
-    /// workload; repeat for more.
+    /// workload, and count its CPU time and disk writes per record; repeat for more.
     #[arg(long = "watch-pid", value_name = "PID")]
     pub watch_pids: Vec<u32>,
     /// Print one JSON object per workload instead of the table.
@@ -232,6 +234,10 @@ pub struct Outcome {
     pub first_error: Option<String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub memory: Vec<Memory>,
+    /// With `--watch-pid`: CPU time and disk writes per record over the whole workload (for P2
+    /// and P4 that includes their publishing).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost: Option<Cost>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub disk: Option<DiskProbe>,
     /// P1, P3: the SDK producer's batches, publish calls and `sequence_gap` answers.
@@ -387,6 +393,15 @@ fn summary(outcomes: &[Outcome]) -> String {
                 lat(|l| l.p99),
                 lat(|l| l.p999),
                 peak.map_or("-".to_string(), |p| format!("{p:.0}")),
+                o.cost.as_ref().map_or("-".to_string(), |c| {
+                    format!(
+                        "{:.1}",
+                        c.nodes_cpu_us_per_record + c.client_cpu_us_per_record
+                    )
+                }),
+                o.cost.as_ref().map_or("-".to_string(), |c| {
+                    format!("{:.0}", c.disk_bytes_per_record_per_node)
+                }),
                 o.errors.to_string(),
             ]
         })
@@ -403,6 +418,8 @@ fn summary(outcomes: &[Outcome]) -> String {
             "P99 MS",
             "P999 MS",
             "PEAK RSS MIB",
+            "CPU US/REC",
+            "DISK B/REC/NODE",
             "ERRORS",
         ],
         &rows,
@@ -495,6 +512,7 @@ impl Ctx {
         }
         let topic = self.fresh_topic(workload, round).await?;
         let watch = MemoryWatch::start(&self.args.watch_pids);
+        let cost = CostWatch::start(&self.args.watch_pids);
         let errors = Arc::new(Errors::default());
         let mut outcome = match workload {
             Workload::P1 => {
@@ -510,6 +528,7 @@ impl Ctx {
             Workload::Disk => unreachable!("handled above"),
         };
         outcome.memory = watch.finish();
+        outcome.cost = cost.finish(outcome.done);
         let (count, first) = errors.take();
         outcome.errors = count;
         outcome.first_error = first;
@@ -524,6 +543,14 @@ impl Ctx {
         let mut c = BTreeMap::new();
         c.insert("size", a.size.into());
         c.insert("urls", a.connection.urls.clone().into());
+        c.insert(
+            "publish_format",
+            match a.connection.publish_format {
+                crate::PublishFormatArg::RecordBatch => "record-batch",
+                crate::PublishFormatArg::Json => "json",
+            }
+            .into(),
+        );
         c.insert(
             "publish",
             serde_json::to_value(a.publish).unwrap_or_default(),
@@ -568,6 +595,7 @@ impl Ctx {
             errors: 0,
             first_error: None,
             memory: Vec::new(),
+            cost: None,
             disk: None,
             producer: None,
             config: BTreeMap::new(),

@@ -29,6 +29,9 @@ pub const MAX_RECORD_HEADERS: usize = 128;
 pub const MAX_HEADER_NAME_BYTES: usize = 256;
 /// Longest record key, in bytes.
 pub const MAX_KEY_BYTES: usize = 4096;
+/// `Content-Type` of a binary publish: one or more Kafka record batches (magic 2,
+/// uncompressed) back to back; see [`crate::batch`].
+pub const RECORD_BATCH_CONTENT_TYPE: &str = "application/vnd.raftq.record-batch";
 /// Most records one read returns.
 pub const MAX_READ_RECORDS: u64 = 10_000;
 /// Longest long-poll a read may ask for.

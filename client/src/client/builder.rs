@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use reqwest::header::HeaderValue;
 
-use super::{Client, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DEADLINE, DEFAULT_REQUEST_TIMEOUT};
+use super::{
+    Client, PublishFormat, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DEADLINE, DEFAULT_REQUEST_TIMEOUT,
+};
 use crate::error::Error;
 use crate::transport::{base_url, Transport};
 
@@ -20,6 +22,7 @@ pub struct ClientBuilder {
     deadline: Duration,
     request_timeout: Duration,
     connect_timeout: Duration,
+    publish_format: PublishFormat,
 }
 
 impl fmt::Debug for ClientBuilder {
@@ -31,6 +34,7 @@ impl fmt::Debug for ClientBuilder {
             .field("deadline", &self.deadline)
             .field("request_timeout", &self.request_timeout)
             .field("connect_timeout", &self.connect_timeout)
+            .field("publish_format", &self.publish_format)
             .finish()
     }
 }
@@ -76,6 +80,13 @@ impl ClientBuilder {
     /// Time allowed to open a connection (default 2 s, never more than the request time-out).
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
+        self
+    }
+
+    /// How publishes are sent: Kafka record batches (the default) or JSON, for a server that
+    /// predates the record batch format.
+    pub fn publish_format(mut self, format: PublishFormat) -> Self {
+        self.publish_format = format;
         self
     }
 
@@ -146,6 +157,7 @@ impl ClientBuilder {
                 self.deadline,
                 self.request_timeout,
             )),
+            publish_format: self.publish_format,
         })
     }
 }
@@ -163,6 +175,7 @@ impl Client {
             deadline: DEFAULT_DEADLINE,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            publish_format: PublishFormat::default(),
         }
     }
 }

@@ -16,8 +16,9 @@ use serde::Serialize;
 
 use crate::api::{
     is_valid_name, PublishRequest, PublishResponse, ReadFrom, ReadResponse, RecordIn, TopicConfig,
-    TopicInfo, TopicList, TopicSummary, MAX_BATCH_RECORDS, MAX_WAIT_MS,
+    TopicInfo, TopicList, TopicSummary, MAX_BATCH_RECORDS, MAX_WAIT_MS, RECORD_BATCH_CONTENT_TYPE,
 };
+use crate::batch;
 use crate::error::Error;
 use crate::transport::{encode_query_value, Call, Retry, Transport};
 
@@ -44,6 +45,26 @@ const OCTET_STREAM: &str = "application/octet-stream";
 #[derive(Clone)]
 pub struct Client {
     transport: Arc<Transport>,
+    publish_format: PublishFormat,
+}
+
+/// A publish encoded for the wire: its query, body and content type.
+pub(crate) struct EncodedPublish {
+    query: String,
+    body: (Bytes, &'static str),
+    idempotent: bool,
+}
+
+/// How [`Client::publish`] (and the [`crate::Producer`] on it) sends records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PublishFormat {
+    /// Kafka record batches (`application/vnd.raftq.record-batch`, see [`crate::batch`]):
+    /// values go as their bytes, with no JSON escaping or base64 on either side. The default.
+    #[default]
+    RecordBatch,
+    /// JSON (`application/json`), binary values in base64: what servers before the record
+    /// batch format accept.
+    Json,
 }
 
 impl fmt::Debug for Client {
@@ -204,18 +225,77 @@ impl Client {
         request: &PublishRequest,
     ) -> Result<PublishResponse, Error> {
         check_name("topic", topic)?;
-        if request.records.is_empty() || request.records.len() > MAX_BATCH_RECORDS {
+        let encoded = self.encode_publish(
+            &request.records,
+            request.producer_id.as_deref(),
+            request.sequence,
+        )?;
+        self.send_publish(topic, &encoded).await
+    }
+
+    /// Encodes a publish of `records` once, in this client's [`PublishFormat`], so that it can
+    /// be sent again without encoding it again.
+    pub(crate) fn encode_publish(
+        &self,
+        records: &[RecordIn],
+        producer_id: Option<&str>,
+        sequence: Option<u64>,
+    ) -> Result<EncodedPublish, Error> {
+        if records.is_empty() || records.len() > MAX_BATCH_RECORDS {
             return Err(Error::InvalidArgument(format!(
                 "a batch holds 1 to {MAX_BATCH_RECORDS} records, not {}",
-                request.records.len()
+                records.len()
             )));
         }
-        let idempotent = request.producer_id.is_some() && request.sequence.is_some();
+        let idempotent = producer_id.is_some() && sequence.is_some();
+        let (query, body) = match self.publish_format {
+            PublishFormat::RecordBatch => {
+                let mut query = Query::default();
+                if let (Some(producer_id), Some(sequence)) = (producer_id, sequence) {
+                    query.push("producer_id", producer_id);
+                    query.push("sequence", sequence);
+                }
+                (
+                    query,
+                    (record_batch_body(records)?, RECORD_BATCH_CONTENT_TYPE),
+                )
+            }
+            PublishFormat::Json => {
+                /// [`PublishRequest`], borrowed: the same JSON.
+                #[derive(Serialize)]
+                struct Borrowed<'a> {
+                    records: &'a [RecordIn],
+                    #[serde(skip_serializing_if = "Option::is_none")]
+                    producer_id: Option<&'a str>,
+                    #[serde(skip_serializing_if = "Option::is_none")]
+                    sequence: Option<u64>,
+                }
+                let request = Borrowed {
+                    records,
+                    producer_id,
+                    sequence,
+                };
+                (Query::default(), (json_body(&request)?, JSON))
+            }
+        };
+        Ok(EncodedPublish {
+            query: query.0,
+            body,
+            idempotent,
+        })
+    }
+
+    /// Sends a publish [`Client::encode_publish`] encoded: see [`Client::publish`].
+    pub(crate) async fn send_publish(
+        &self,
+        topic: &str,
+        encoded: &EncodedPublish,
+    ) -> Result<PublishResponse, Error> {
         let call = Call {
             method: Method::POST,
-            target: format!("v1/topics/{topic}/records"),
-            body: Some((json_body(request)?, JSON)),
-            retry: if idempotent {
+            target: format!("v1/topics/{topic}/records{}", encoded.query),
+            body: Some(encoded.body.clone()),
+            retry: if encoded.idempotent {
                 Retry::IdempotentWrite
             } else {
                 Retry::UnsafeWrite
@@ -335,8 +415,125 @@ pub(crate) fn check_name(what: &str, name: &str) -> Result<(), Error> {
     }
 }
 
+/// The records of a publish as one Kafka record batch: offsets from 0, no timestamps (the
+/// leader stamps each record), no Kafka producer fields (idempotency is `producer_id` and
+/// `sequence` in the query).
+fn record_batch_body(records: &[RecordIn]) -> Result<Bytes, Error> {
+    use base64::Engine as _;
+    let mut values = Vec::with_capacity(records.len());
+    for (i, r) in records.iter().enumerate() {
+        values.push(match (&r.value, &r.value_b64) {
+            (Some(text), None) => std::borrow::Cow::Borrowed(text.as_bytes()),
+            (None, Some(b64)) => std::borrow::Cow::Owned(
+                base64::engine::general_purpose::STANDARD
+                    .decode(b64)
+                    .map_err(|err| {
+                        Error::InvalidArgument(format!(
+                            "record {i}: value_b64 is not valid base64: {err}"
+                        ))
+                    })?,
+            ),
+            _ => {
+                return Err(Error::InvalidArgument(format!(
+                    "record {i} needs exactly one of value and value_b64"
+                )))
+            }
+        });
+    }
+    /// A record's headers as a batch carries them.
+    type Headers<'a> = Vec<(&'a str, Option<&'a [u8]>)>;
+    let headers: Vec<Headers<'_>> = records
+        .iter()
+        .map(|r| {
+            r.headers
+                .iter()
+                .map(|(name, value)| (name.as_str(), Some(value.as_bytes())))
+                .collect()
+        })
+        .collect();
+    let refs: Vec<batch::RecordRef<'_>> = records
+        .iter()
+        .zip(&values)
+        .zip(&headers)
+        .map(|((r, value), headers)| batch::RecordRef {
+            timestamp_delta: 0,
+            key: r.key.as_deref().map(str::as_bytes),
+            value: Some(value),
+            headers,
+        })
+        .collect();
+    let header = batch::BatchHeader {
+        base_offset: 0,
+        partition_leader_epoch: -1,
+        attributes: 0,
+        last_offset_delta: refs.len().saturating_sub(1) as i32,
+        base_timestamp: -1,
+        max_timestamp: -1,
+        producer_id: -1,
+        producer_epoch: -1,
+        base_sequence: -1,
+    };
+    let bytes: usize = values.iter().map(|v| v.len() + 16).sum();
+    let mut out = Vec::with_capacity(batch::HEADER_BYTES + bytes);
+    batch::encode(&header, &refs, &mut out);
+    Ok(Bytes::from(out))
+}
+
 fn json_body(value: &impl Serialize) -> Result<Bytes, Error> {
     serde_json::to_vec(value)
         .map(Bytes::from)
         .map_err(|err| Error::InvalidArgument(format!("cannot encode the request: {err}")))
+}
+
+/// What a test server makes of a publish this client sent, in either format: the path without
+/// the query, and the request as JSON would carry it (a value that is UTF-8 as `value`, any
+/// other as `value_b64`).
+#[cfg(test)]
+pub(crate) fn sent_publish(target: &str, body: &[u8]) -> (String, PublishRequest) {
+    use base64::Engine as _;
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    if let Ok(request) = serde_json::from_slice::<PublishRequest>(body) {
+        return (path.to_string(), request);
+    }
+    let limits = batch::Limits::default();
+    let batches = batch::decode_all(body, &limits).expect("a publish body is JSON or batches");
+    let records = batches
+        .iter()
+        .flat_map(|b| &b.records)
+        .map(|r| {
+            let value = r.value.expect("a value");
+            let mut record = match std::str::from_utf8(value) {
+                Ok(text) => RecordIn::text(text),
+                Err(_) => RecordIn {
+                    value_b64: Some(base64::engine::general_purpose::STANDARD.encode(value)),
+                    ..Default::default()
+                },
+            };
+            record.key = r
+                .key
+                .map(|k| String::from_utf8(k.to_vec()).expect("UTF-8 key"));
+            for h in &r.headers {
+                let value = h.value.expect("a header value");
+                record.headers.insert(
+                    h.key.to_string(),
+                    String::from_utf8(value.to_vec()).expect("UTF-8 header value"),
+                );
+            }
+            record
+        })
+        .collect();
+    let mut request = PublishRequest {
+        records,
+        producer_id: None,
+        sequence: None,
+    };
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').expect("name=value");
+        match name {
+            "producer_id" => request.producer_id = Some(value.to_string()),
+            "sequence" => request.sequence = Some(value.parse().expect("a sequence")),
+            other => panic!("unexpected query parameter {other}"),
+        }
+    }
+    (path.to_string(), request)
 }

@@ -357,15 +357,10 @@ impl Driver {
             }
         }
         for (id, seq, records, front) in starts {
-            let request = PublishRequest {
-                records: records.as_ref().clone(),
-                producer_id: Some(self.producer_id.to_string()),
-                sequence: Some(seq),
-            };
             let handle = self.tasks.spawn(publish_batch(
                 self.client.clone(),
                 self.topic.clone(),
-                request,
+                (records, self.producer_id.clone(), seq),
                 id,
                 front,
                 self.shared.clone(),
@@ -524,17 +519,29 @@ async fn sleep_until(at: Option<Instant>) {
 async fn publish_batch(
     client: Client,
     topic: Arc<str>,
-    request: PublishRequest,
+    (records, producer_id, seq): (Arc<Vec<RecordIn>>, Arc<str>, u64),
     slot: u64,
     front: bool,
     shared: Arc<Shared>,
 ) -> Attempt {
-    let seq = request.sequence.unwrap_or_default();
     let mut maybe_applied = false;
     let mut backoff = RETRY_INITIAL;
+    // Encoded once: a batch sent again is the same bytes.
+    let encoded = match client.encode_publish(&records, Some(&producer_id), Some(seq)) {
+        Ok(encoded) => encoded,
+        Err(err) => {
+            return Attempt {
+                slot,
+                seq,
+                front,
+                maybe_applied,
+                result: Err(err),
+            }
+        }
+    };
     loop {
         add(&shared.stats.publish_calls, 1);
-        let result = client.publish(&topic, &request).await;
+        let result = client.send_publish(&topic, &encoded).await;
         match &result {
             Err(Error::Indeterminate { detail } | Error::Decode { detail }) => {
                 maybe_applied = true;

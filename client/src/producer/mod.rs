@@ -92,9 +92,7 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::task::{JoinError, JoinSet};
 use tokio::time::Instant;
 
-use crate::api::{
-    is_valid_name, ErrorCode, Problem, PublishRequest, PublishResponse, RecordIn, MAX_BATCH_RECORDS,
-};
+use crate::api::{is_valid_name, ErrorCode, Problem, PublishResponse, RecordIn, MAX_BATCH_RECORDS};
 pub use crate::error::ProducerError;
 use crate::spool::{Op, Spool};
 use crate::transport::jittered;
