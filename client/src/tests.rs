@@ -501,6 +501,49 @@ async fn publishes_go_as_record_batches_by_default_and_as_json_when_asked() {
     assert_eq!(json, request);
 }
 
+/// A server older than record batches refuses them as an unknown content type (its exact
+/// answer, below): the client sends the same records again as JSON, and publishes JSON from
+/// then on, without asking again.
+#[tokio::test]
+async fn a_server_that_predates_record_batches_gets_json() {
+    let a = bind().await.serve(|index, request| {
+        if request.header("content-type") == Some(crate::api::RECORD_BATCH_CONTENT_TYPE) {
+            let mut reply = problem(400, "invalid_argument");
+            reply.body = json!({"type": "about:blank", "title": "Bad Request", "status": 400,
+                "code": "invalid_argument",
+                "detail": "unsupported Content-Type \"application/vnd.raftq.record-batch\": \
+                           use application/json or application/octet-stream"})
+            .to_string()
+            .into_bytes();
+            Action::Reply(reply)
+        } else {
+            Action::Reply(published(index as u64, index as u64, false))
+        }
+    });
+    let client = client(&[&a.url]);
+    for _ in 0..2 {
+        client
+            .publish("t", &idempotent_batch())
+            .await
+            .expect("publish");
+    }
+    let types: Vec<Option<String>> = a
+        .requests()
+        .iter()
+        .map(|r| r.header("content-type").map(str::to_string))
+        .collect();
+    assert_eq!(
+        types,
+        vec![
+            Some(crate::api::RECORD_BATCH_CONTENT_TYPE.to_string()),
+            Some("application/json".to_string()),
+            Some("application/json".to_string()),
+        ]
+    );
+    let json: PublishRequest = serde_json::from_slice(&a.requests()[1].body).expect("JSON");
+    assert_eq!(json, idempotent_batch());
+}
+
 #[tokio::test]
 async fn idempotent_publish_is_resent_after_a_dropped_connection() {
     let a = bind().await.serve(|index, _| match index {

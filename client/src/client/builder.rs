@@ -158,6 +158,7 @@ impl ClientBuilder {
                 self.request_timeout,
             )),
             publish_format: self.publish_format,
+            json_only: Arc::default(),
         })
     }
 }

@@ -46,6 +46,9 @@ const OCTET_STREAM: &str = "application/octet-stream";
 pub struct Client {
     transport: Arc<Transport>,
     publish_format: PublishFormat,
+    /// Set once a server answered that it does not take record batches (a server older than
+    /// them, during a rolling upgrade): from then on this client publishes JSON.
+    json_only: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// A publish encoded for the wire: its query, body and content type.
@@ -225,12 +228,14 @@ impl Client {
         request: &PublishRequest,
     ) -> Result<PublishResponse, Error> {
         check_name("topic", topic)?;
-        let encoded = self.encode_publish(
-            &request.records,
+        let (records, producer_id, sequence) = (
+            &request.records[..],
             request.producer_id.as_deref(),
             request.sequence,
-        )?;
-        self.send_publish(topic, &encoded).await
+        );
+        let encoded = self.encode_publish(records, producer_id, sequence)?;
+        self.send_publish(topic, &encoded, records, producer_id, sequence)
+            .await
     }
 
     /// Encodes a publish of `records` once, in this client's [`PublishFormat`], so that it can
@@ -248,7 +253,12 @@ impl Client {
             )));
         }
         let idempotent = producer_id.is_some() && sequence.is_some();
-        let (query, body) = match self.publish_format {
+        let format = if self.json_only.load(std::sync::atomic::Ordering::Relaxed) {
+            PublishFormat::Json
+        } else {
+            self.publish_format
+        };
+        let (query, body) = match format {
             PublishFormat::RecordBatch => {
                 let mut query = Query::default();
                 if let (Some(producer_id), Some(sequence)) = (producer_id, sequence) {
@@ -285,8 +295,42 @@ impl Client {
         })
     }
 
-    /// Sends a publish [`Client::encode_publish`] encoded: see [`Client::publish`].
+    /// Sends a publish of `records` that [`Client::encode_publish`] encoded: see
+    /// [`Client::publish`]. A server that refuses record batches as an unknown content type
+    /// (one older than them) gets the same records again as JSON, and so does every later
+    /// publish of this client: the refusal is definite, so nothing was appended.
     pub(crate) async fn send_publish(
+        &self,
+        topic: &str,
+        encoded: &EncodedPublish,
+        records: &[RecordIn],
+        producer_id: Option<&str>,
+        sequence: Option<u64>,
+    ) -> Result<PublishResponse, Error> {
+        let result = self.send_encoded(topic, encoded).await;
+        let refused_format = encoded.body.1 == RECORD_BATCH_CONTENT_TYPE
+            && result
+                .as_ref()
+                .err()
+                .and_then(Error::problem)
+                .is_some_and(|p| {
+                    (p.status == 400 && p.detail.starts_with("unsupported Content-Type"))
+                        || p.status == 415
+                });
+        if !refused_format {
+            return result;
+        }
+        tracing::warn!(
+            %topic,
+            "the server does not take record batches (it is older than them); publishing JSON"
+        );
+        self.json_only
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        let json = self.encode_publish(records, producer_id, sequence)?;
+        self.send_encoded(topic, &json).await
+    }
+
+    async fn send_encoded(
         &self,
         topic: &str,
         encoded: &EncodedPublish,

@@ -541,7 +541,9 @@ async fn publish_batch(
     };
     loop {
         add(&shared.stats.publish_calls, 1);
-        let result = client.send_publish(&topic, &encoded).await;
+        let result = client
+            .send_publish(&topic, &encoded, &records, Some(&producer_id), Some(seq))
+            .await;
         match &result {
             Err(Error::Indeterminate { detail } | Error::Decode { detail }) => {
                 maybe_applied = true;

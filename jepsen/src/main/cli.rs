@@ -143,6 +143,11 @@ pub(crate) struct Common {
     /// early expiries and deletions. Such a run must be INVALID.
     #[arg(long)]
     pub(crate) fake_monotonic: bool,
+    /// The nodes' memtable size (`raftq serve --write-buffer-bytes`), for every scenario: a
+    /// small one makes a short run flush memtables to table files, so faults meet flushes and
+    /// compactions (corrupt-minority always uses 64 KiB).
+    #[arg(long, value_name = "BYTES")]
+    pub(crate) write_buffer_bytes: Option<u64>,
 }
 
 #[derive(Debug, Clone, Args)]

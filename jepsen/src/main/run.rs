@@ -137,7 +137,9 @@ fn node_env(common: &Common, scenario: Scenario) -> anyhow::Result<NodeEnv> {
         fake_monotonic: common.fake_monotonic,
         // Damage needs table files as well as write-ahead logs: with the default 64 MiB
         // memtables a short run never flushes one.
-        write_buffer_bytes: (scenario == Scenario::CorruptMinority).then_some(64 << 10),
+        write_buffer_bytes: common
+            .write_buffer_bytes
+            .or((scenario == Scenario::CorruptMinority).then_some(64 << 10)),
     })
 }
 
