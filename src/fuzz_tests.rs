@@ -252,17 +252,7 @@ fn sample_record_batch() -> Vec<u8> {
             headers: &[],
         },
     ];
-    let header = BatchHeader {
-        base_offset: 0,
-        partition_leader_epoch: -1,
-        attributes: 0,
-        last_offset_delta: 1,
-        base_timestamp: -1,
-        max_timestamp: -1,
-        producer_id: -1,
-        producer_epoch: -1,
-        base_sequence: -1,
-    };
+    let header = BatchHeader::unstamped(records.len());
     let mut out = Vec::new();
     encode(&header, &records, &mut out);
     out

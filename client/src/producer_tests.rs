@@ -955,3 +955,45 @@ async fn a_dropped_producer_still_delivers_what_it_accepted() {
     drop(producer);
     assert_eq!(offsets(deliveries).await, vec![Ok(0), Ok(1), Ok(2)]);
 }
+
+/// The producer's size of a record (what its batch limits count) is exactly the record's JSON,
+/// for every kind of character serde_json escapes and for every field combination.
+#[test]
+fn a_records_counted_size_is_its_json_size() {
+    let texts = [
+        "",
+        "plain",
+        "quote \" and backslash \\",
+        "controls \u{0}\u{1}\u{8}\u{9}\u{a}\u{c}\u{d}\u{1f}",
+        "del \u{7f}, é, ∑, 🦀",
+        "/slash/ stays",
+    ];
+    let mut seen = 0;
+    for (i, value) in texts.iter().enumerate() {
+        for key in [None, Some(texts[(i + 1) % texts.len()])] {
+            for headers in 0..3 {
+                let mut record = if i % 2 == 0 {
+                    RecordIn::text(*value)
+                } else {
+                    RecordIn::binary(value.as_bytes())
+                };
+                record.key = key.map(str::to_string);
+                for h in 0..headers {
+                    record.headers.insert(
+                        format!("{}{h}", texts[(i + h + 2) % texts.len()]),
+                        texts[(i + h + 3) % texts.len()].to_string(),
+                    );
+                }
+                let json = serde_json::to_vec(&record).expect("json");
+                assert_eq!(
+                    super::producer::handle::encoded_len(&record),
+                    json.len() + 1,
+                    "{}",
+                    String::from_utf8_lossy(&json)
+                );
+                seen += 1;
+            }
+        }
+    }
+    assert_eq!(seen, texts.len() * 2 * 3);
+}

@@ -44,17 +44,7 @@ fn record_batch(records: &[BatchRecord<'_>]) -> Vec<u8> {
             headers,
         })
         .collect();
-    let header = BatchHeader {
-        base_offset: 0,
-        partition_leader_epoch: -1,
-        attributes: 0,
-        last_offset_delta: refs.len() as i32 - 1,
-        base_timestamp: -1,
-        max_timestamp: -1,
-        producer_id: -1,
-        producer_epoch: -1,
-        base_sequence: -1,
-    };
+    let header = BatchHeader::unstamped(refs.len());
     let mut out = Vec::new();
     encode(&header, &refs, &mut out);
     out

@@ -137,6 +137,23 @@ pub struct BatchHeader {
 }
 
 impl BatchHeader {
+    /// The header of a batch of `records` records as a raftq client sends it: offsets from 0,
+    /// no timestamps (-1: the leader stamps each record) and no Kafka producer fields (-1:
+    /// idempotency is raftq's `producer_id` and `sequence`).
+    pub fn unstamped(records: usize) -> BatchHeader {
+        BatchHeader {
+            base_offset: 0,
+            partition_leader_epoch: -1,
+            attributes: 0,
+            last_offset_delta: records.saturating_sub(1).min(i32::MAX as usize) as i32,
+            base_timestamp: -1,
+            max_timestamp: -1,
+            producer_id: -1,
+            producer_epoch: -1,
+            base_sequence: -1,
+        }
+    }
+
     /// The compression codec in the attributes (0 = none; the only one decoding accepts).
     pub fn compression(&self) -> u8 {
         // The mask keeps three bits, so the value fits in a u8.

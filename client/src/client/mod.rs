@@ -506,17 +506,7 @@ fn record_batch_body(records: &[RecordIn]) -> Result<Bytes, Error> {
             headers,
         })
         .collect();
-    let header = batch::BatchHeader {
-        base_offset: 0,
-        partition_leader_epoch: -1,
-        attributes: 0,
-        last_offset_delta: refs.len().saturating_sub(1) as i32,
-        base_timestamp: -1,
-        max_timestamp: -1,
-        producer_id: -1,
-        producer_epoch: -1,
-        base_sequence: -1,
-    };
+    let header = batch::BatchHeader::unstamped(refs.len());
     let bytes: usize = values.iter().map(|v| v.len() + 16).sum();
     let mut out = Vec::with_capacity(batch::HEADER_BYTES + bytes);
     batch::encode(&header, &refs, &mut out);

@@ -74,12 +74,11 @@
 //! would have its first batches taken for duplicates of the old ones.
 
 mod driver;
-mod handle;
+pub(crate) mod handle;
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::future::Future;
-use std::io;
 use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
