@@ -521,12 +521,19 @@ async fn a_server_that_predates_record_batches_gets_json() {
         }
     });
     let client = client(&[&a.url]);
+    let batch = idempotent_batch();
+    // Encoded as a batch before the client learns the server's age, as a producer's batch
+    // that is sent again would be.
+    let early = client
+        .encode_publish(&batch.records, Some("p-1"), Some(4))
+        .expect("encode");
     for _ in 0..2 {
-        client
-            .publish("t", &idempotent_batch())
-            .await
-            .expect("publish");
+        client.publish("t", &batch).await.expect("publish");
     }
+    client
+        .send_publish("t", &early, &batch.records, Some("p-1"), Some(4))
+        .await
+        .expect("the early batch, sent after the refusal");
     let types: Vec<Option<String>> = a
         .requests()
         .iter()
@@ -538,7 +545,9 @@ async fn a_server_that_predates_record_batches_gets_json() {
             Some(crate::api::RECORD_BATCH_CONTENT_TYPE.to_string()),
             Some("application/json".to_string()),
             Some("application/json".to_string()),
-        ]
+            Some("application/json".to_string()),
+        ],
+        "refused once, then JSON only"
     );
     let json: PublishRequest = serde_json::from_slice(&a.requests()[1].body).expect("JSON");
     assert_eq!(json, idempotent_batch());

@@ -116,12 +116,13 @@ pub(crate) fn convert_batches(body: &[u8]) -> Result<Vec<NewRecord>, ApiError> {
     let mut records = Vec::with_capacity(count);
     for r in batches.iter().flat_map(|b| &b.records) {
         let what = format!("record {}", records.len());
-        let text = |field: &str, bytes: &[u8]| {
-            std::str::from_utf8(bytes)
-                .map(str::to_owned)
-                .map_err(|_| ApiError::invalid(format!("{what}: its {field} is not UTF-8 text")))
+        // The field's name is only spelled out for the error.
+        let text = |bytes: &[u8], field: &dyn Fn() -> String| {
+            std::str::from_utf8(bytes).map(str::to_owned).map_err(|_| {
+                ApiError::invalid(format!("{what}: its {} is not UTF-8 text", field()))
+            })
         };
-        let key = r.key.map(|k| text("key", k)).transpose()?;
+        let key = r.key.map(|k| text(k, &|| "key".to_string())).transpose()?;
         check_key(&what, key.as_deref())?;
         check_headers(&what, r.headers.len(), r.headers.iter().map(|h| h.key))?;
         let mut headers = Vec::with_capacity(r.headers.len());
@@ -131,7 +132,7 @@ pub(crate) fn convert_batches(body: &[u8]) -> Result<Vec<NewRecord>, ApiError> {
             })?;
             headers.push((
                 h.key.to_owned(),
-                text(&format!("header {:?}", h.key), value)?,
+                text(value, &|| format!("header {:?}", h.key))?,
             ));
         }
         headers.sort_by(|a, b| a.0.cmp(&b.0));
@@ -197,16 +198,21 @@ pub struct RecordBatchBody;
 
 impl utoipa::PartialSchema for RecordBatchBody {
     fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
-        use utoipa::openapi::schema::{KnownFormat, ObjectBuilder, SchemaFormat, Type};
-        ObjectBuilder::new()
-            .schema_type(Type::String)
-            .format(Some(SchemaFormat::KnownFormat(KnownFormat::Binary)))
-            .description(Some(
-                "One or more Kafka record batches (magic 2, uncompressed, not transactional) \
-                 back to back, 1 to 10,000 records in all; keys and header values UTF-8",
-            ))
-            .into()
+        binary_body(
+            "One or more Kafka record batches (magic 2, uncompressed, not transactional) back \
+             to back, 1 to 10,000 records in all; keys and header values UTF-8",
+        )
     }
+}
+
+/// The schema of a request body of raw bytes, described by `description`.
+fn binary_body(description: &str) -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+    use utoipa::openapi::schema::{KnownFormat, ObjectBuilder, SchemaFormat, Type};
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .format(Some(SchemaFormat::KnownFormat(KnownFormat::Binary)))
+        .description(Some(description))
+        .into()
 }
 
 impl utoipa::ToSchema for RecordBatchBody {}
@@ -216,12 +222,7 @@ pub struct RawValue;
 
 impl utoipa::PartialSchema for RawValue {
     fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
-        use utoipa::openapi::schema::{KnownFormat, ObjectBuilder, SchemaFormat, Type};
-        ObjectBuilder::new()
-            .schema_type(Type::String)
-            .format(Some(SchemaFormat::KnownFormat(KnownFormat::Binary)))
-            .description(Some("The record's value: the raw body, any bytes"))
-            .into()
+        binary_body("The record's value: the raw body, any bytes")
     }
 }
 

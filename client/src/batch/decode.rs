@@ -202,18 +202,7 @@ fn decode_at<'a>(
 /// Reads record `index` from `c` (bounded by the batch) and moves `c` past it.
 fn record<'a>(c: &mut Cursor<'a>, index: usize, limits: &Limits) -> Result<Record<'a>, BatchError> {
     let at = c.pos;
-    let length = c.varint("record length", index)?;
-    if length < 0 {
-        return Err(BatchError::InvalidLength {
-            record: index,
-            field: "record length",
-            at,
-            value: length,
-            allowed: "a non-negative length",
-        });
-    }
-    // Non-negative after the check above.
-    let declared = length as usize;
+    let declared = c.count("record length", index, "a non-negative length")?;
     let body_at = c.pos;
     // Checks that the body lies within the batch (reports it as BatchLengthShort if not).
     c.take(declared, "record body")?;
@@ -251,18 +240,7 @@ fn record<'a>(c: &mut Cursor<'a>, index: usize, limits: &Limits) -> Result<Recor
     let value = r.nullable_bytes("value length", "value", index)?;
 
     let headers_at = r.pos;
-    let header_count = r.varint("headers count", index)?;
-    if header_count < 0 {
-        return Err(BatchError::InvalidLength {
-            record: index,
-            field: "headers count",
-            at: headers_at,
-            value: header_count,
-            allowed: "a non-negative count",
-        });
-    }
-    // Non-negative after the check above.
-    let header_count = header_count as usize;
+    let header_count = r.count("headers count", index, "a non-negative count")?;
     if header_count > limits.max_headers_per_record {
         return Err(BatchError::TooManyHeaders {
             record: index,
@@ -273,20 +251,13 @@ fn record<'a>(c: &mut Cursor<'a>, index: usize, limits: &Limits) -> Result<Recor
     }
     let mut headers = Vec::with_capacity(header_count.min(r.remaining() / MIN_HEADER_BYTES));
     for h in 0..header_count {
-        let key_length_at = r.pos;
-        let key_length = r.varint("header key length", index)?;
-        if key_length < 0 {
-            return Err(BatchError::InvalidLength {
-                record: index,
-                field: "header key length",
-                at: key_length_at,
-                value: key_length,
-                allowed: "a non-negative length (a header key cannot be null)",
-            });
-        }
+        let key_length = r.count(
+            "header key length",
+            index,
+            "a non-negative length (a header key cannot be null)",
+        )?;
         let key_at = r.pos;
-        // Non-negative after the check above.
-        let key_bytes = r.take(key_length as usize, "header key")?;
+        let key_bytes = r.take(key_length, "header key")?;
         let key = std::str::from_utf8(key_bytes).map_err(|e| BatchError::HeaderKeyUtf8 {
             record: index,
             header: h,
@@ -498,6 +469,25 @@ impl<'a> Cursor<'a> {
     fn varlong(&mut self, field: &'static str, record: usize) -> Result<i64, BatchError> {
         let raw = self.unsigned_varint(field, record, 10, 64)?;
         Ok((raw >> 1) as i64 ^ -((raw & 1) as i64))
+    }
+
+    /// A varint that must not be negative (a length or a count); `allowed` says what is, in
+    /// the error.
+    fn count(
+        &mut self,
+        field: &'static str,
+        record: usize,
+        allowed: &'static str,
+    ) -> Result<usize, BatchError> {
+        let at = self.pos;
+        let value = self.varint(field, record)?;
+        usize::try_from(value).map_err(|_| BatchError::InvalidLength {
+            record,
+            field,
+            at,
+            value,
+            allowed,
+        })
     }
 
     /// A varint length followed by that many bytes; a length of -1 is `None`.

@@ -307,8 +307,15 @@ impl Client {
         producer_id: Option<&str>,
         sequence: Option<u64>,
     ) -> Result<PublishResponse, Error> {
+        let is_batch = encoded.body.1 == RECORD_BATCH_CONTENT_TYPE;
+        if is_batch && self.json_only.load(std::sync::atomic::Ordering::Relaxed) {
+            // Encoded before this client learnt that its server refuses batches (a producer's
+            // batch sent again): send JSON at once rather than be refused again.
+            let json = self.encode_publish(records, producer_id, sequence)?;
+            return self.send_encoded(topic, &json).await;
+        }
         let result = self.send_encoded(topic, encoded).await;
-        let refused_format = encoded.body.1 == RECORD_BATCH_CONTENT_TYPE
+        let refused_format = is_batch
             && result
                 .as_ref()
                 .err()
