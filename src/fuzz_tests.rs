@@ -171,6 +171,10 @@ fn decode_disk(b: &[u8]) {
     let _ = crate::store::sm::decode_record(b);
     let _ = codec::decode_versioned::<TopicMeta>(META_FORMAT, b);
     let _ = codec::decode_versioned::<SubState>(META_FORMAT, b);
+    let mut subs = crate::store::subs::Assembler::default();
+    let _ = subs.push(&crate::store::keys::sub(1), b);
+    let _ = subs.push(&crate::store::subs::lease_key(1, 2), b);
+    let _ = subs.push(&crate::store::subs::pending_key(1, 3), b);
     let _ = codec::decode_versioned::<ProducerState>(META_FORMAT, b);
     let _ = codec::decode::<Option<Vote>>(b);
     let _ = codec::decode::<Option<LogId>>(b);

@@ -170,6 +170,50 @@ async fn what_p1_counts_is_what_the_topic_holds_in_both_publish_modes() {
     }
 }
 
+/// `--idle-leases N`: P2 leases N more records first and never acks them, so its acks run with
+/// N leases in flight; what it counts is only what the consumers acked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn p2_with_idle_leases_acks_the_rest_and_leaves_them_in_flight() {
+    let c = Cluster::start(3).await;
+    let output = bench(
+        &c,
+        &[
+            "--workloads",
+            "p2",
+            "--n",
+            "200",
+            "--idle-leases",
+            "1500",
+            "--inflight",
+            "64",
+            "--keep",
+            "--json",
+            "--quiet",
+        ],
+    );
+    assert!(output.status.success(), "{}", explain(&output));
+    let r = &lines(&output)[0];
+    assert_eq!(
+        (r["done"].as_u64(), r["n"].as_u64()),
+        (Some(200), Some(200)),
+        "{r}"
+    );
+    assert_eq!(r["config"]["idle_leases"], 1500, "{r}");
+    let topic = r["topic"].as_str().unwrap();
+    let leader = c.leader_id().await;
+    let sub: serde_json::Value = c
+        .try_get_json(
+            leader,
+            &format!("/v1/topics/{topic}/subscriptions/bench"),
+            std::time::Duration::from_secs(5),
+        )
+        .await
+        .expect("the kept subscription");
+    assert_eq!(sub["in_flight"], 1500, "{sub}");
+    assert_eq!(sub["acked"], 200, "{sub}");
+    assert_eq!(sub["cursor"], 0, "the idle leases hold the cursor: {sub}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_arguments_are_usage_errors_and_create_nothing() {
     let c = Cluster::start(1).await;
@@ -179,6 +223,7 @@ async fn bad_arguments_are_usage_errors_and_create_nothing() {
         (&["--size", "0"][..], "--size"),
         (&["--topic-prefix", "no spaces"][..], "--topic-prefix"),
         (&["--repeat", "0"][..], "--repeat"),
+        (&["--idle-leases", "1000001"][..], "--idle-leases"),
     ] {
         let output = bench(&c, args);
         assert_eq!(

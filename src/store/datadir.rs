@@ -14,13 +14,15 @@ use serde::{Deserialize, Serialize};
 
 const IDENTITY_FILE: &str = "IDENTITY";
 const LOCK_FILE: &str = "LOCK";
-/// Layout version of the data directory. 3: every stored value carries a format byte
-/// (`store::values`). 2: topics, subscriptions and producers are stored behind a format byte,
+/// Layout version of the data directory. 4: a subscription's leases and pending redeliveries
+/// are stored one key each beside it (`store::subs`). 3: every stored value carries a format
+/// byte (`store::values`). 2: topics, subscriptions and producers are stored behind a format byte,
 /// with report counters (1 had neither; no release wrote it).
-pub const FORMAT_VERSION: u32 = 3;
+pub const FORMAT_VERSION: u32 = 4;
 /// The oldest layout this raftq upgrades: its `IDENTITY` is rewritten at once, before the
-/// database is opened (which upgrades the values), so a raftq that knows only format 2
-/// refuses the directory from then on instead of misreading it.
+/// database is opened (which upgrades the values, and the state machine's opening splits the
+/// subscriptions), so an older raftq refuses the directory from then on instead of misreading
+/// it.
 const OLDEST_UPGRADABLE: u32 = 2;
 
 /// What the `IDENTITY` file records.
@@ -295,19 +297,21 @@ mod tests {
         );
     }
 
-    /// A format 2 directory opens and is format 3 from then on; format 1, which no release
-    /// wrote, is refused.
+    /// A format 2 or 3 directory opens and is format 4 from then on; format 1, which no
+    /// release wrote, is refused.
     #[test]
-    fn a_format_2_directory_is_upgraded_and_format_1_refused() {
-        let tmp = tempfile::tempdir().unwrap();
+    fn format_2_and_3_directories_are_upgraded_and_format_1_refused() {
         let identity =
             |format: u32| format!("cluster_id = \"c\"\nnode_id = 1\nformat = {format}\n");
-        fs::write(tmp.path().join("IDENTITY"), identity(2)).unwrap();
-        drop(DataDir::open(tmp.path(), "c", 1).unwrap());
-        let found: Identity =
-            toml::from_str(&fs::read_to_string(tmp.path().join("IDENTITY")).unwrap()).unwrap();
-        assert_eq!(found.format, FORMAT_VERSION);
-        assert_eq!(FORMAT_VERSION, 3);
+        for format in [2, 3] {
+            let tmp = tempfile::tempdir().unwrap();
+            fs::write(tmp.path().join("IDENTITY"), identity(format)).unwrap();
+            drop(DataDir::open(tmp.path(), "c", 1).unwrap());
+            let found: Identity =
+                toml::from_str(&fs::read_to_string(tmp.path().join("IDENTITY")).unwrap()).unwrap();
+            assert_eq!(found.format, FORMAT_VERSION);
+        }
+        assert_eq!(FORMAT_VERSION, 4);
 
         let old = tempfile::tempdir().unwrap();
         fs::write(old.path().join("IDENTITY"), identity(1)).unwrap();

@@ -18,9 +18,10 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use super::sm::SmMeta;
-use super::{keys, log, sm, values, CF_LOG, CF_RAFT, CF_SM};
+use super::{keys, log, sm, subs, values, CF_LOG, CF_RAFT, CF_SM};
 use crate::codec;
 use crate::raft::{LogId, StoredMembership, Vote};
+use crate::state::subscriptions::{Lease, Pending};
 use crate::state::{Command, LogPayload, ProducerState, SubState, TopicMeta};
 
 /// Every kind of stored value the fixture must hold.
@@ -46,6 +47,9 @@ const KINDS: &[&str] = &[
     "sm:topic",
     "sm:record",
     "sm:subscription",
+    "sm:subscription_head",
+    "sm:lease",
+    "sm:pending",
     "sm:producer",
     "bare:raft:vote",
     "bare:raft:committed",
@@ -90,6 +94,11 @@ fn round_trip(kind: &str, bytes: &[u8]) -> Result<Vec<u8>, String> {
         "sm:state" => meta::<SmMeta>(bytes),
         "sm:topic" => meta::<TopicMeta>(bytes),
         "sm:subscription" => meta::<SubState>(bytes),
+        "sm:subscription_head" => {
+            subs::encode_head(&subs::decode_head(bytes)?).map_err(|e| e.to_string())
+        }
+        "sm:lease" => meta::<Lease>(bytes),
+        "sm:pending" => meta::<Pending>(bytes),
         "sm:producer" => meta::<ProducerState>(bytes),
         "sm:record" => {
             let record = sm::decode_record(bytes)?;
@@ -164,7 +173,16 @@ fn kind_of(cf: &str, key: &[u8], value: &[u8]) -> Option<String> {
             keys::SM_META => Some("sm:state".into()),
             [keys::TOPIC_PREFIX, ..] => Some("sm:topic".into()),
             [keys::RECORD_PREFIX, ..] => Some("sm:record".into()),
-            [keys::SUB_PREFIX, ..] => Some("sm:subscription".into()),
+            [keys::SUB_PREFIX, ..] => Some(
+                match (key.len(), key.get(9), value.first()) {
+                    (9, _, Some(&subs::HEAD_FORMAT)) => "sm:subscription_head",
+                    (9, _, _) => "sm:subscription",
+                    (_, Some(b'l'), _) => "sm:lease",
+                    (_, Some(b'p'), _) => "sm:pending",
+                    _ => return None,
+                }
+                .into(),
+            ),
             [keys::PRODUCER_PREFIX, ..] => Some("sm:producer".into()),
             _ => None,
         },

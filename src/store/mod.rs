@@ -18,6 +18,7 @@ pub mod faults;
 pub mod log;
 pub mod sm;
 pub mod snapshot;
+pub mod subs;
 pub mod values;
 pub mod watermark;
 

@@ -15,7 +15,7 @@ use openraft::{EntryPayload, RaftSnapshotBuilder};
 use rocksdb::{Direction, IteratorMode, WriteBatch, DB};
 use tokio::sync::watch;
 
-use super::{keys, snapshot, values, CF_SM};
+use super::{keys, snapshot, subs, values, CF_SM};
 use crate::codec;
 use crate::raft::{
     to_io, Entry, LogId, Snapshot, SnapshotData, SnapshotMeta, StorageResult, StoredMembership,
@@ -23,7 +23,7 @@ use crate::raft::{
 };
 use crate::state::{
     apply_entry, ApplyResponse, CommitPoint, LogPayload, ProducerState, ReadFault, RecordSource,
-    SmState, StoredRecord, SubState, TopicMeta, Write,
+    SmState, StoredRecord, TopicMeta, Write,
 };
 
 /// Version byte in front of every stored record.
@@ -142,6 +142,13 @@ impl SmShared {
             }
             let bytes = std::fs::metadata(&path)?.len();
             current = Some(CurrentSnapshot { meta, path, bytes });
+        }
+        let split = subs::upgrade(&db).map_err(|e| anyhow::anyhow!("{e}"))?;
+        if split > 0 {
+            tracing::info!(
+                subscriptions = split,
+                "subscriptions now stored with one key per lease (data directory format 3 to 4)"
+            );
         }
         let view = load_view(&db)?;
         let applied_index = view.last_applied.map_or(0, |l| l.index);
@@ -359,13 +366,17 @@ impl SmShared {
                 Write::PutSub(id) => {
                     subs_touched.insert(id);
                 }
-                Write::DeleteSub(id) => batch.delete_cf(cf, keys::sub(id)),
+                Write::DeleteSub(id) => {
+                    let (start, end) = subs::range(id);
+                    batch.delete_range_cf(cf, start, end);
+                }
             }
         }
-        // Ids are never reused, so a subscription deleted in this batch is simply absent.
+        // Ids are never reused, so a subscription deleted in this batch is simply absent. Each
+        // is written as its head and the leases and pending redeliveries that changed.
         for id in subs_touched {
-            if let Some(sub) = view.state.subs.get(&id) {
-                batch.put_cf(cf, keys::sub(id), values::encode(sub).map_err(enc)?);
+            if let Some(sub) = view.state.subs.get_mut(&id) {
+                subs::put(&mut batch, cf, sub).map_err(enc)?;
             }
         }
         // Written once, after any delete of the same name in this batch: a topic deleted and
@@ -441,15 +452,23 @@ impl SmShared {
         opts.set_snapshot(&view);
         let mut crc = crc32fast::Hasher::new();
         let (mut pairs, mut bytes) = (0u64, 0u64);
-        for item in self.db.iterator_cf_opt(cf, opts, IteratorMode::Start) {
-            let (k, v) = item.map_err(|e| e.to_string())?;
+        // Over the pairs as a snapshot holds them (subscriptions whole), so that nodes that
+        // store them differently still compare.
+        let mut fold = |k: &[u8], v: &[u8]| -> Result<(), String> {
             crc.update(&(k.len() as u64).to_le_bytes());
-            crc.update(&k);
+            crc.update(k);
             crc.update(&(v.len() as u64).to_le_bytes());
-            crc.update(&v);
+            crc.update(v);
             pairs += 1;
             bytes += (k.len() + v.len()) as u64;
+            Ok(())
+        };
+        let mut whole = subs::Whole::default();
+        for item in self.db.iterator_cf_opt(cf, opts, IteratorMode::Start) {
+            let (k, v) = item.map_err(|e| e.to_string())?;
+            whole.push(&k, &v, &mut fold)?;
         }
+        whole.finish(&mut fold)?;
         Ok((index, format!("{pairs}-{bytes}-{:08x}", crc.finalize())))
     }
 
@@ -606,14 +625,7 @@ fn load_view(db: &DB) -> anyhow::Result<SmView> {
         view.state.next_topic_id = next_topic_id;
         view.state.next_sub_id = next_sub_id;
     }
-    let prefix = [keys::SUB_PREFIX];
-    for item in db.iterator_cf(cf, IteratorMode::From(&prefix, Direction::Forward)) {
-        let (k, v) = item?;
-        if k.first() != Some(&keys::SUB_PREFIX) {
-            break;
-        }
-        let sub: SubState =
-            values::decode(&v).map_err(|e| anyhow::anyhow!("corrupt subscription {k:?}: {e}"))?;
+    for sub in subs::load(db).map_err(|e| anyhow::anyhow!("{e}"))? {
         view.state.restore_sub(sub);
     }
     let prefix = [keys::TOPIC_PREFIX];

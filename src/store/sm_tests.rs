@@ -113,6 +113,113 @@ fn state_survives_reopen_and_snapshot_install() {
     );
 }
 
+/// Leases and pending redeliveries are written as deltas across many apply calls (pulls,
+/// acks, nacks with a delay, expiries): the store still holds exactly the state, after a
+/// restart and on a node that installed a snapshot of it, and the two digest the same.
+#[test]
+fn leases_written_as_deltas_come_back_after_reopen_and_snapshot_install() {
+    use crate::state::{Outcome, ReceiptAction, SettleReceipts};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = open_db(&dir.path().join("db")).expect("open db");
+    let shared = SmShared::open(db.clone(), dir.path().join("snapshots")).expect("open");
+    let sub = SubRef {
+        topic: "t".into(),
+        name: "s".into(),
+    };
+    let pull = |max| {
+        Command::Pull(Pull {
+            sub: sub.clone(),
+            max,
+            ack_timeout_ms: Some(500),
+        })
+    };
+    let settle = |action, receipts| {
+        Command::SettleReceipts(SettleReceipts {
+            sub: sub.clone(),
+            action,
+            receipts,
+        })
+    };
+    let mut setup = vec![entry(
+        1,
+        vec![
+            Command::CreateTopic(CreateTopic {
+                name: "t".into(),
+                settings: TopicSettings::default(),
+            }),
+            Command::CreateSubscription(CreateSub {
+                topic: "t".into(),
+                name: "s".into(),
+                settings: SubSettings {
+                    start: Start::First,
+                    ack_timeout_ms: 1_000,
+                    max_deliveries: None,
+                    dead_letter_topic: None,
+                },
+            }),
+        ],
+    )];
+    setup.extend((2..=21).map(|i| entry(i, vec![publish(i - 2)])));
+    shared.apply_blocking(setup).expect("apply");
+    let resp = shared
+        .apply_blocking(vec![entry(22, vec![pull(10)])])
+        .expect("pull");
+    let Ok(Outcome::Pulled(delivered)) = &resp[0].results[0] else {
+        panic!("pull answered {:?}", resp[0].results);
+    };
+    let receipts: Vec<_> = delivered.iter().map(|d| d.receipt).collect();
+    shared
+        .apply_blocking(vec![entry(
+            23,
+            vec![
+                settle(ReceiptAction::Ack, receipts[..3].to_vec()),
+                settle(
+                    ReceiptAction::Nack {
+                        delay_ms: 100_000,
+                        dead_letter: false,
+                    },
+                    receipts[3..5].to_vec(),
+                ),
+            ],
+        )])
+        .expect("settle");
+    // Entry 24 is 1.5 s later: the five leases left expire before its pull runs.
+    let mut late = entry(24, vec![pull(4)]);
+    if let EntryPayload::Normal(LogPayload::V1(b)) = &mut late.payload {
+        b.timestamp_ms += 1_500;
+    }
+    shared.apply_blocking(vec![late]).expect("expire and pull");
+    let want = shared.view().state.clone();
+    let s = want.subs.values().next().expect("the subscription");
+    assert_eq!((s.leases.len(), s.pending.len()), (4, 3), "{s:?}");
+    assert_eq!(s.counters.expired_leases, 5);
+
+    assert_eq!(load_view(&db).expect("reload").state, want);
+    let (_, path, _) =
+        snapshot::build(&db, &dir.path().join("snapshots"), 1).expect("build snapshot");
+    let other = tempfile::tempdir().expect("tempdir");
+    let db2 = open_db(&other.path().join("db")).expect("open db");
+    let fresh = SmShared::open(db2.clone(), other.path().join("snapshots")).expect("open");
+    fresh.load_snapshot(&path).expect("install");
+    assert_eq!(fresh.view().state, want);
+    assert_eq!(load_view(&db2).expect("reload").state, want);
+    assert_eq!(fresh.digest(), shared.digest());
+
+    // The same subscription as data directory format 3 stored it (one whole value): the state
+    // machine's open splits it, and reads the same state.
+    let cf = db.cf_handle(CF_SM).expect("cf");
+    let (start, end) = subs::range(s.id);
+    db.delete_range_cf(cf, &start, &end).expect("delete");
+    db.put_cf(cf, keys::sub(s.id), values::encode(s).expect("enc"))
+        .expect("put");
+    drop(shared);
+    let reopened = SmShared::open(db.clone(), dir.path().join("snapshots")).expect("reopen");
+    assert_eq!(reopened.view().state, want);
+    let head = db.get_cf(cf, keys::sub(s.id)).expect("get").expect("head");
+    assert_eq!(head[0], subs::HEAD_FORMAT, "split at open");
+    assert_eq!(reopened.digest(), fresh.digest());
+}
+
 /// A record that cannot be read during apply (here: its stored bytes are garbage) fails
 /// the apply: nothing of the entry is written, the applied index does not move, and the
 /// in-memory state readers see is exactly what was applied before.

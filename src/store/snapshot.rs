@@ -6,7 +6,8 @@
 //! value; then `u32::MAX`, the `u64` pair count, and a `u32` CRC-32 of every byte before it.
 //!
 //! Format 2 (written today) holds the `sm` family's values as stored, each behind its format
-//! byte (`values`); format 1 held the applied id, membership and clock bare, and reading one
+//! byte (`values`), except that each subscription is one whole value, leases included, as data
+//! directory format 3 stored it (a store of today keeps its pieces apart: `subs`); format 1 held the applied id, membership and clock bare, and reading one
 //! gives them their format byte, so a format 1 file (an older node's snapshot, a backup) loads
 //! into a store of today.
 //!
@@ -23,7 +24,7 @@ use rocksdb::{IteratorMode, ReadOptions, WriteBatch, DB};
 
 use super::datadir::sync_dir;
 use super::faults;
-use super::{keys, values, CF_SM};
+use super::{keys, subs, values, CF_SM};
 use crate::codec;
 use crate::raft::{LogId, SnapshotMeta, StoredMembership};
 
@@ -71,6 +72,13 @@ pub enum SnapshotError {
     Corrupt(String),
     #[error("storage: {0}")]
     Db(#[from] rocksdb::Error),
+}
+
+/// A subscription that cannot be put together or taken apart (`subs`).
+impl From<String> for SnapshotError {
+    fn from(detail: String) -> Self {
+        SnapshotError::Corrupt(detail)
+    }
 }
 
 /// Writes the bytes it is given to `inner` and folds them into a CRC.
@@ -191,14 +199,21 @@ pub fn build_from(
     let mut opts = ReadOptions::default();
     opts.set_snapshot(view);
     let mut count = 0u64;
+    // Subscriptions go in whole, as every snapshot format holds them (`subs`).
+    let mut put = |k: &[u8], v: &[u8]| -> Result<(), SnapshotError> {
+        w.write_all(&(k.len() as u32).to_le_bytes())?;
+        w.write_all(k)?;
+        w.write_all(&(v.len() as u32).to_le_bytes())?;
+        w.write_all(v)?;
+        count += 1;
+        Ok(())
+    };
+    let mut whole = subs::Whole::default();
     for item in db.iterator_cf_opt(cf, opts, IteratorMode::Start) {
         let (k, v) = item?;
-        w.write_all(&(k.len() as u32).to_le_bytes())?;
-        w.write_all(&k)?;
-        w.write_all(&(v.len() as u32).to_le_bytes())?;
-        w.write_all(&v)?;
-        count += 1;
+        whole.push(&k, &v, &mut put)?;
     }
+    whole.finish(&mut put)?;
     w.write_all(&END_MARK.to_le_bytes())?;
     w.write_all(&count.to_le_bytes())?;
     let crc = w.crc.clone().finalize();
@@ -391,7 +406,7 @@ pub fn load_into_with(
             ));
         }
         bytes += k.len() + v.len();
-        batch.put_cf(cf, k, v);
+        subs::split(k, v, |k, v| batch.put_cf(cf, k, v)).map_err(SnapshotError::Corrupt)?;
         stats.pairs += 1;
         if bytes >= batch_bytes {
             db.write_opt(std::mem::take(&mut batch), &unsynced)?;

@@ -10,7 +10,7 @@
 //! "Settle" means one thing here: a client's ack, nack or extend of a receipt
 //! ([`settle_receipts`]).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use super::ranges::RangeSet;
 use super::{
@@ -18,7 +18,9 @@ use super::{
 };
 
 mod model;
+mod offset_map;
 pub use model::*;
+pub use offset_map::OffsetMap;
 
 /// Why a dead letter left the queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,8 +136,8 @@ pub(super) fn create(
             cursor,
             next_fresh: cursor,
             done: RangeSet::default(),
-            leases: BTreeMap::new(),
-            pending: BTreeMap::new(),
+            leases: OffsetMap::default(),
+            pending: OffsetMap::default(),
             next_lease_id: 0,
             counters: SubCounters::default(),
         },
@@ -613,14 +615,13 @@ fn forget_below(
     bound: Option<u64>,
 ) {
     fn drop_below<V>(
-        map: &mut BTreeMap<u64, V>,
+        map: &mut OffsetMap<V>,
         due: &mut BTreeSet<(u64, u64, u64)>,
         id: u64,
         bound: Option<u64>,
         due_ms: impl Fn(&V) -> u64,
     ) {
-        let kept = bound.map_or_else(BTreeMap::new, |b| map.split_off(&b));
-        for (offset, v) in std::mem::replace(map, kept) {
+        for (offset, v) in map.remove_below(bound) {
             due.remove(&(due_ms(&v), id, offset));
         }
     }

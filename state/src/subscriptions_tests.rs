@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use proptest::prelude::*;
 
+use super::subscriptions::{Lease, OffsetMap, Pending};
 use super::*;
 
 /// A record store for tests: what apply wrote, as RocksDB would hold it.
@@ -17,12 +18,31 @@ impl RecordSource for Records {
     }
 }
 
+/// A subscription's leases and pending redeliveries as the store holds them: one entry per
+/// offset, written only for the offsets an apply changed.
+type StoredDeliveries = (BTreeMap<u64, Lease>, BTreeMap<u64, Pending>);
+
 /// A state machine plus its record store, applying one command per entry.
 pub(super) struct Harness {
     pub(super) state: SmState,
     pub(super) records: Records,
+    /// What the store holds of each subscription's leases and pending redeliveries, kept the
+    /// way the store keeps it (only changed offsets written); checked against the state after
+    /// every entry.
+    stored_subs: BTreeMap<u64, StoredDeliveries>,
     pub(super) clock: u64,
     pub(super) index: u64,
+}
+
+/// Writes a changed offset of `live` into `stored`, as the store does: the current entry, or
+/// its removal.
+fn store_changed<V: Clone>(stored: &mut BTreeMap<u64, V>, live: &mut OffsetMap<V>) {
+    for offset in live.take_changed() {
+        match live.get(&offset) {
+            Some(v) => stored.insert(offset, v.clone()),
+            None => stored.remove(&offset),
+        };
+    }
 }
 
 impl Harness {
@@ -30,6 +50,7 @@ impl Harness {
         Harness {
             state: SmState::default(),
             records: Records::default(),
+            stored_subs: BTreeMap::new(),
             clock: 1_000,
             index: 0,
         }
@@ -64,9 +85,35 @@ impl Harness {
                     .records
                     .0
                     .retain(|(t, o), _| *t != topic_id || *o < from || *o >= to),
+                Write::PutSub(id) => {
+                    if let Some(sub) = self.state.subs.get_mut(&id) {
+                        let stored = self.stored_subs.entry(id).or_default();
+                        store_changed(&mut stored.0, &mut sub.leases);
+                        store_changed(&mut stored.1, &mut sub.pending);
+                    }
+                }
+                Write::DeleteSub(id) => {
+                    self.stored_subs.remove(&id);
+                }
                 _ => {}
             }
         }
+        // Writing only what changed leaves the store holding every lease and pending
+        // redelivery as they are: no change escaped its record, or its `PutSub`.
+        for (id, sub) in &self.state.subs {
+            let stored = self.stored_subs.get(id).cloned().unwrap_or_default();
+            assert_eq!(stored.0, *sub.leases, "stored leases of subscription {id}");
+            assert_eq!(
+                stored.1, *sub.pending,
+                "stored pending of subscription {id}"
+            );
+        }
+        assert!(
+            self.stored_subs
+                .keys()
+                .all(|id| self.state.subs.contains_key(id)),
+            "a deleted subscription's leases stay stored"
+        );
         resp.results.into_iter().next().expect("one result")
     }
 

@@ -7,7 +7,8 @@
 //!   application using the SDK would; `--publish single` sends one POST per record.
 //! - **P2** consume and ack: `--n` records published first, then `--consumers` consumers on
 //!   one subscription, each pulling batches of `--batch` and acking every message it got;
-//!   the rate until every record is acked.
+//!   the rate until every record is acked. `--idle-leases N` first leases `N` more records
+//!   that are never acked, to measure acks with that many leases in flight.
 //! - **P3** latency: `--lat-n` publishes one after the other (one in flight).
 //! - **P4** stream fan-out: `--readers` readers read the whole topic from offset 0 while a
 //!   producer publishes `--n` records; records per second per reader.
@@ -36,7 +37,7 @@ use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use raftq_client::api::{
     PullRequest, ReadFrom, ReceiptStatus, RecordIn, Retention, SubscriptionConfig,
-    SubscriptionStart, TopicConfig, MAX_PULL,
+    SubscriptionStart, TopicConfig, MAX_ACK_TIMEOUT_MS, MAX_PULL,
 };
 use raftq_client::{Client, Producer, ProducerOptions, Reader};
 use rand::RngCore;
@@ -138,6 +139,11 @@ pub struct BenchArgs {
     /// Most messages per pull in P2.
     #[arg(long, default_value_t = 64, value_name = "N")]
     pub batch: u32,
+    /// Leases P2 takes before its consumers start and never acks (pulled with a 12-hour ack
+    /// timeout, on `N` more records published first): what an ack costs with that many
+    /// leases in flight.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub idle_leases: u64,
     /// Readers of P4.
     #[arg(long, default_value_t = 4, value_name = "N")]
     pub readers: usize,
@@ -276,6 +282,12 @@ fn check(args: &BenchArgs) -> Result<(), Failure> {
     }
     if args.repeat == 0 {
         return usage("--repeat is at least 1".into());
+    }
+    if args.idle_leases > 1_000_000 {
+        return usage(format!(
+            "--idle-leases is at most 1000000, not {}",
+            args.idle_leases
+        ));
     }
     // The longest name a run makes: a topic-creating workload, an 8-digit run id, the last round.
     let longest = topic_name(&args.topic_prefix, Workload::P1, "00000000", args.repeat);
@@ -569,6 +581,7 @@ impl Ctx {
         if workload == Workload::P2 {
             c.insert("consumers", a.consumers.into());
             c.insert("batch", a.batch.into());
+            c.insert("idle_leases", a.idle_leases.into());
         }
         if workload == Workload::P4 {
             c.insert("readers", a.readers.into());

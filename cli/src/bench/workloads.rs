@@ -186,9 +186,10 @@ impl Ctx {
 
     pub(super) async fn p2(&self, topic: &str, errors: &Arc<Errors>) -> Result<Outcome, Failure> {
         let n = self.args.n;
-        let bar = self.progress("fill", n);
+        let idle = self.args.idle_leases;
+        let bar = self.progress("fill", n + idle);
         let filled = self
-            .publish(topic, n, self.args.inflight, &bar, errors)
+            .publish(topic, n + idle, self.args.inflight, &bar, errors)
             .await?;
         bar.finish_and_clear();
         let subscription = "bench";
@@ -201,7 +202,9 @@ impl Ctx {
         self.client
             .create_subscription(topic, subscription, &config)
             .await?;
-        let target = filled.ok;
+        self.take_idle_leases(topic, subscription, idle, errors)
+            .await?;
+        let target = filled.ok.saturating_sub(idle);
         let bar = self.progress("P2", target);
         let acked = Arc::new(AtomicU64::new(0));
         let redelivered = Arc::new(AtomicU64::new(0));
@@ -302,6 +305,38 @@ impl Ctx {
         outcome.redelivered = Some(redelivered.load(Ordering::Relaxed));
         outcome.publish_msgs_per_s = Some(round(filled.ok as f64 / filled.secs.max(1e-9), 1));
         Ok(outcome)
+    }
+
+    /// Leases the first `idle` records of `subscription` for 12 hours and never acks them.
+    async fn take_idle_leases(
+        &self,
+        topic: &str,
+        subscription: &str,
+        idle: u64,
+        errors: &Arc<Errors>,
+    ) -> Result<(), Failure> {
+        let bar = self.progress("idle leases", idle);
+        let mut taken = 0u64;
+        let deadline = self.deadline();
+        while taken < idle {
+            if Instant::now() >= deadline {
+                errors.record(format!(
+                    "took {taken} of {idle} idle leases before --max-secs ran out"
+                ));
+                break;
+            }
+            let request = PullRequest {
+                max: Some((idle - taken).min(u64::from(MAX_PULL)) as u32),
+                wait_ms: Some(WAIT.as_millis() as u64),
+                ack_timeout_ms: Some(MAX_ACK_TIMEOUT_MS),
+                consumer: Some("bench-idle".into()),
+            };
+            let pulled = self.client.pull(topic, subscription, &request).await?;
+            taken += pulled.messages.len() as u64;
+            bar.inc(pulled.messages.len() as u64);
+        }
+        bar.finish_and_clear();
+        Ok(())
     }
 
     pub(super) async fn p4(&self, topic: &str, errors: &Arc<Errors>) -> Result<Outcome, Failure> {

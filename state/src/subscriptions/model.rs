@@ -1,10 +1,9 @@
 //! What a subscription is made of: its settings, leases, pending redeliveries, counters and
 //! cursor (`SubState`, stored), the receipts it hands out, and the commands that act on it.
 
-use std::collections::BTreeMap;
-
 use serde::{Deserialize, Serialize};
 
+use super::OffsetMap;
 use crate::ranges::RangeSet;
 
 /// Lease length when neither the pull nor the subscription sets one.
@@ -82,8 +81,11 @@ pub struct SubState {
     pub next_fresh: u64,
     /// Done offsets at or above the cursor.
     pub done: RangeSet,
-    pub leases: BTreeMap<u64, Lease>,
-    pub pending: BTreeMap<u64, Pending>,
+    /// Live deliveries by offset. Stored one key per offset beside the rest of the
+    /// subscription, so that an apply writes the leases it changed, not all of them.
+    pub leases: OffsetMap<Lease>,
+    /// Records available again (or soon) by offset; stored like `leases`.
+    pub pending: OffsetMap<Pending>,
     pub next_lease_id: u64,
     pub counters: SubCounters,
 }
