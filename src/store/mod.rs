@@ -16,6 +16,7 @@ pub mod backup;
 pub mod datadir;
 pub mod faults;
 pub mod log;
+pub mod segments;
 pub mod sm;
 pub mod snapshot;
 pub mod subs;

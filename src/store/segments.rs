@@ -1,0 +1,443 @@
+//! Segment files: an append-only log of numbered entries in files of our own, the storage the
+//! Raft log moves to so that a record's bytes are written once per node (an append and an
+//! fdatasync) instead of through RocksDB's WAL, a memtable flush and compactions. Not yet the
+//! Raft log's storage: `LogStore` still keeps entries in the `log` column family (ARCHITECTURE.md,
+//! "The data path, step by step").
+//!
+//! A directory holds segments named by their first index (`00000000000000000042.seg`). A
+//! segment is [`MAGIC`] then frames: `u32` payload length, `u32` CRC-32C of the index and the
+//! payload, `u64` index, the payload (integers little-endian). Indexes follow each other without
+//! a gap, within a segment and from one segment to the next.
+//!
+//! Durability: [`SegmentLog::sync`] fdatasyncs the segment being appended to; a segment is
+//! fsynced before the next one is created, and the directory after every file created or
+//! removed. Opening checks every frame. A frame that does not read whole (its length runs past
+//! the end, its CRC or its index is wrong) is damage when its index is at or below `durable`
+//! (the caller's record of what was fsynced, and so may have been acknowledged), or when it is
+//! not in the last segment; the open then fails and names it. Otherwise it is the torn tail of
+//! writes that were never synced: the file is cut before it, and that is reported.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, BufReader, Read, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use super::datadir::sync_dir;
+
+/// First bytes of every segment file: what it is and its format.
+pub const MAGIC: &[u8; 8] = b"RQSEG\x00\x00\x01";
+const FRAME_HEADER: usize = 16;
+/// Upper bound of one payload: a length above it is damage, not an allocation.
+pub const MAX_PAYLOAD: u32 = 256 << 20;
+/// Default size at which the log starts a new segment.
+pub const DEFAULT_SEGMENT_BYTES: u64 = 64 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SegmentError {
+    #[error("segment log {path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+    #[error("segment {path} is damaged at byte {position} (entry {index}): {reason}")]
+    Damaged {
+        path: PathBuf,
+        position: u64,
+        index: u64,
+        reason: String,
+    },
+    #[error("entry {got} appended after entry {last}: entries follow each other")]
+    OutOfOrder { last: u64, got: u64 },
+    #[error("an entry of {0} bytes is larger than a segment frame holds")]
+    TooLarge(usize),
+}
+
+fn io_at(path: &Path) -> impl Fn(io::Error) -> SegmentError + '_ {
+    move |source| SegmentError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// What opening found and did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Recovery {
+    pub segments: usize,
+    pub entries: u64,
+    /// Bytes of a torn tail cut off the last segment (never-synced writes).
+    pub cut_bytes: u64,
+}
+
+struct Segment {
+    first: u64,
+    path: PathBuf,
+    file: File,
+    /// Byte position of each entry's frame, in index order from `first`.
+    positions: Vec<u64>,
+    /// Bytes in the file (where the next frame goes).
+    len: u64,
+}
+
+impl Segment {
+    fn last(&self) -> Option<u64> {
+        (!self.positions.is_empty()).then(|| self.first + self.positions.len() as u64 - 1)
+    }
+}
+
+/// An open segment log. One writer: the caller serializes appends, truncations and purges.
+pub struct SegmentLog {
+    dir: PathBuf,
+    segments: Vec<Segment>,
+    max_segment_bytes: u64,
+    /// Whether the last segment has writes not yet synced.
+    dirty: bool,
+}
+
+fn file_name(first: u64) -> String {
+    format!("{first:020}.seg")
+}
+
+fn frame_crc(index: u64, payload: &[u8]) -> u32 {
+    crc32c::crc32c_append(crc32c::crc32c(&index.to_le_bytes()), payload)
+}
+
+/// Why a frame could not be read, and where the good part of its segment ends.
+struct Bad {
+    position: u64,
+    reason: String,
+}
+
+/// Reads every frame of the segment at `path`, which must start at `first`.
+fn scan(path: &Path, first: u64) -> Result<(Vec<u64>, u64, Option<Bad>), SegmentError> {
+    let io = io_at(path);
+    let file = File::open(path).map_err(&io)?;
+    let size = file.metadata().map_err(&io)?.len();
+    let mut r = BufReader::with_capacity(1 << 20, file);
+    let mut magic = [0u8; 8];
+    if size < MAGIC.len() as u64 {
+        let reason = format!("{size} bytes, shorter than the segment header");
+        return Ok((
+            vec![],
+            0,
+            Some(Bad {
+                position: 0,
+                reason,
+            }),
+        ));
+    }
+    r.read_exact(&mut magic).map_err(&io)?;
+    if &magic != MAGIC {
+        let reason = "not a raftq segment (bad header)".to_string();
+        return Ok((
+            vec![],
+            0,
+            Some(Bad {
+                position: 0,
+                reason,
+            }),
+        ));
+    }
+    let mut positions = Vec::new();
+    let mut pos = MAGIC.len() as u64;
+    let mut payload = Vec::new();
+    while pos < size {
+        let index = first + positions.len() as u64;
+        let bad = |reason: String| {
+            Some(Bad {
+                position: pos,
+                reason,
+            })
+        };
+        if size - pos < FRAME_HEADER as u64 {
+            return Ok((
+                positions,
+                pos,
+                bad(format!("{} bytes of a frame header", size - pos)),
+            ));
+        }
+        let mut header = [0u8; FRAME_HEADER];
+        r.read_exact(&mut header).map_err(&io)?;
+        let len = u32::from_le_bytes(header[0..4].try_into().unwrap_or_default());
+        let crc = u32::from_le_bytes(header[4..8].try_into().unwrap_or_default());
+        let got = u64::from_le_bytes(header[8..16].try_into().unwrap_or_default());
+        let end = pos + FRAME_HEADER as u64 + u64::from(len);
+        if len > MAX_PAYLOAD || end > size {
+            return Ok((
+                positions,
+                pos,
+                bad(format!("a frame of {len} bytes runs past the end")),
+            ));
+        }
+        payload.resize(len as usize, 0);
+        r.read_exact(&mut payload).map_err(&io)?;
+        if frame_crc(got, &payload) != crc {
+            return Ok((positions, pos, bad("checksum mismatch".into())));
+        }
+        if got != index {
+            return Ok((
+                positions,
+                pos,
+                bad(format!("holds entry {got} where {index} belongs")),
+            ));
+        }
+        positions.push(pos);
+        pos = end;
+    }
+    Ok((positions, pos, None))
+}
+
+impl SegmentLog {
+    /// Opens (creating if needed) the log in `dir`, checking every frame (see the module docs:
+    /// `durable` is the highest index known synced).
+    pub fn open(
+        dir: &Path,
+        durable: u64,
+        max_segment_bytes: u64,
+    ) -> Result<(SegmentLog, Recovery), SegmentError> {
+        let io = io_at(dir);
+        fs::create_dir_all(dir).map_err(&io)?;
+        let mut firsts = Vec::new();
+        for item in fs::read_dir(dir).map_err(&io)? {
+            let name = item.map_err(&io)?.file_name();
+            let name = name.to_string_lossy();
+            if let Some(first) = name
+                .strip_suffix(".seg")
+                .and_then(|n| n.parse::<u64>().ok())
+            {
+                firsts.push(first);
+            }
+        }
+        firsts.sort_unstable();
+        let mut log = SegmentLog {
+            dir: dir.to_path_buf(),
+            segments: Vec::new(),
+            max_segment_bytes: max_segment_bytes.max(MAGIC.len() as u64 + 1),
+            dirty: false,
+        };
+        let mut recovery = Recovery::default();
+        for (n, &first) in firsts.iter().enumerate() {
+            let path = dir.join(file_name(first));
+            let last_segment = n + 1 == firsts.len();
+            if let Some(prev) = log.last_index() {
+                if first != prev + 1 {
+                    return Err(SegmentError::Damaged {
+                        path,
+                        position: 0,
+                        index: prev + 1,
+                        reason: format!(
+                            "starts at entry {first}; the segment before ends at {prev}"
+                        ),
+                    });
+                }
+            }
+            let (positions, good_len, bad) = scan(&path, first)?;
+            if let Some(bad) = bad {
+                let index = first + positions.len() as u64;
+                if !last_segment || index <= durable {
+                    return Err(SegmentError::Damaged {
+                        path,
+                        position: bad.position,
+                        index,
+                        reason: bad.reason,
+                    });
+                }
+                // The torn tail of writes never synced: cut it off (a segment left without
+                // its header, made by a crash right after it was created, goes whole).
+                let io = io_at(&path);
+                if good_len == 0 {
+                    recovery.cut_bytes += fs::metadata(&path).map_err(&io)?.len();
+                    fs::remove_file(&path).map_err(&io)?;
+                    sync_dir(dir).map_err(&io)?;
+                    continue;
+                }
+                let file = OpenOptions::new().write(true).open(&path).map_err(&io)?;
+                recovery.cut_bytes += file.metadata().map_err(&io)?.len() - good_len;
+                file.set_len(good_len).map_err(&io)?;
+                file.sync_all().map_err(&io)?;
+            }
+            let file = OpenOptions::new()
+                .read(true)
+                .append(true)
+                .open(&path)
+                .map_err(io_at(&path))?;
+            recovery.entries += positions.len() as u64;
+            log.segments.push(Segment {
+                first,
+                path,
+                file,
+                positions,
+                len: good_len,
+            });
+        }
+        recovery.segments = log.segments.len();
+        Ok((log, recovery))
+    }
+
+    /// The first and last index held, if any.
+    pub fn first_index(&self) -> Option<u64> {
+        self.segments
+            .iter()
+            .find(|s| !s.positions.is_empty())
+            .map(|s| s.first)
+    }
+
+    pub fn last_index(&self) -> Option<u64> {
+        self.segments.iter().rev().find_map(Segment::last)
+    }
+
+    /// Appends entry `index` (the one after the last, or any index on an empty log). Readable
+    /// at once; durable after the next [`sync`](Self::sync).
+    pub fn append(&mut self, index: u64, payload: &[u8]) -> Result<(), SegmentError> {
+        if let Some(last) = self.last_index() {
+            if index != last + 1 {
+                return Err(SegmentError::OutOfOrder { last, got: index });
+            }
+        }
+        let len = u32::try_from(payload.len())
+            .ok()
+            .filter(|l| *l <= MAX_PAYLOAD)
+            .ok_or(SegmentError::TooLarge(payload.len()))?;
+        let frame_len = (FRAME_HEADER + payload.len()) as u64;
+        let roll = match self.segments.last() {
+            None => true,
+            // Emptied by a truncation, for entries that now start elsewhere.
+            Some(s) if s.positions.is_empty() => s.first != index,
+            Some(s) => s.len + frame_len > self.max_segment_bytes,
+        };
+        if roll {
+            self.start_segment(index)?;
+        }
+        let seg = self.segments.last_mut().ok_or(SegmentError::OutOfOrder {
+            last: index,
+            got: index,
+        })?;
+        let mut frame = Vec::with_capacity(frame_len as usize);
+        frame.extend_from_slice(&len.to_le_bytes());
+        frame.extend_from_slice(&frame_crc(index, payload).to_le_bytes());
+        frame.extend_from_slice(&index.to_le_bytes());
+        frame.extend_from_slice(payload);
+        seg.file.write_all(&frame).map_err(io_at(&seg.path))?;
+        seg.positions.push(seg.len);
+        seg.len += frame_len;
+        self.dirty = true;
+        Ok(())
+    }
+
+    /// Syncs the current segment (the earlier ones were synced when the next one started).
+    pub fn sync(&mut self) -> Result<(), SegmentError> {
+        if let (true, Some(seg)) = (self.dirty, self.segments.last()) {
+            seg.file.sync_data().map_err(io_at(&seg.path))?;
+        }
+        self.dirty = false;
+        Ok(())
+    }
+
+    /// Syncs the current segment and starts a new one whose first entry will be `first`.
+    fn start_segment(&mut self, first: u64) -> Result<(), SegmentError> {
+        self.sync()?;
+        let path = self.dir.join(file_name(first));
+        let io = io_at(&path);
+        let mut file = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(&io)?;
+        file.write_all(MAGIC).map_err(&io)?;
+        file.sync_all().map_err(&io)?;
+        sync_dir(&self.dir).map_err(&io)?;
+        // An empty segment left by a truncation is replaced, not kept beside the new one.
+        if self.segments.last().is_some_and(|s| s.positions.is_empty()) {
+            if let Some(empty) = self.segments.pop() {
+                fs::remove_file(&empty.path).map_err(io_at(&empty.path))?;
+            }
+        }
+        self.segments.push(Segment {
+            first,
+            path: path.clone(),
+            file,
+            positions: Vec::new(),
+            len: MAGIC.len() as u64,
+        });
+        Ok(())
+    }
+
+    /// Entry `index`'s payload, checked against its CRC; `None` when the log does not hold it.
+    pub fn read(&self, index: u64) -> Result<Option<Vec<u8>>, SegmentError> {
+        let Some(seg) = self
+            .segments
+            .iter()
+            .rev()
+            .find(|s| s.first <= index && s.last().is_some_and(|l| index <= l))
+        else {
+            return Ok(None);
+        };
+        let pos = seg.positions[(index - seg.first) as usize];
+        let io = io_at(&seg.path);
+        let mut header = [0u8; FRAME_HEADER];
+        seg.file.read_exact_at(&mut header, pos).map_err(&io)?;
+        let len = u32::from_le_bytes(header[0..4].try_into().unwrap_or_default());
+        let crc = u32::from_le_bytes(header[4..8].try_into().unwrap_or_default());
+        let got = u64::from_le_bytes(header[8..16].try_into().unwrap_or_default());
+        let damaged = |reason: &str| SegmentError::Damaged {
+            path: seg.path.clone(),
+            position: pos,
+            index,
+            reason: reason.into(),
+        };
+        if len > MAX_PAYLOAD || pos + FRAME_HEADER as u64 + u64::from(len) > seg.len {
+            return Err(damaged("its length runs past the frames written"));
+        }
+        let mut payload = vec![0u8; len as usize];
+        seg.file
+            .read_exact_at(&mut payload, pos + FRAME_HEADER as u64)
+            .map_err(&io)?;
+        if got != index || frame_crc(got, &payload) != crc {
+            return Err(damaged("checksum mismatch on read"));
+        }
+        Ok(Some(payload))
+    }
+
+    /// Removes entry `index` and every entry after it, durably (a follower's log that
+    /// conflicts with its leader's).
+    pub fn truncate_from(&mut self, index: u64) -> Result<(), SegmentError> {
+        while let Some(seg) = self.segments.last_mut() {
+            if seg.first < index || (seg.first == index && self.segments.len() == 1) {
+                break;
+            }
+            let seg = self.segments.pop().ok_or(SegmentError::OutOfOrder {
+                last: index,
+                got: index,
+            })?;
+            fs::remove_file(&seg.path).map_err(io_at(&seg.path))?;
+        }
+        if let Some(seg) = self.segments.last_mut() {
+            let keep = index.saturating_sub(seg.first) as usize;
+            if keep < seg.positions.len() {
+                let cut = seg.positions[keep];
+                seg.positions.truncate(keep);
+                seg.len = cut;
+                seg.file.set_len(cut).map_err(io_at(&seg.path))?;
+                seg.file.sync_all().map_err(io_at(&seg.path))?;
+            }
+        }
+        self.dirty = false;
+        sync_dir(&self.dir).map_err(io_at(&self.dir))
+    }
+
+    /// Removes every whole segment whose entries are all at or below `index`; the segment
+    /// being appended to stays. Returns the first index still held.
+    pub fn purge_to(&mut self, index: u64) -> Result<Option<u64>, SegmentError> {
+        let mut removed = false;
+        while self.segments.len() > 1 && self.segments[0].last().is_some_and(|l| l <= index) {
+            let seg = self.segments.remove(0);
+            fs::remove_file(&seg.path).map_err(io_at(&seg.path))?;
+            removed = true;
+        }
+        if removed {
+            sync_dir(&self.dir).map_err(io_at(&self.dir))?;
+        }
+        Ok(self.first_index())
+    }
+}
+
+#[cfg(test)]
+#[path = "segments_tests.rs"]
+mod tests;

@@ -1,0 +1,269 @@
+use super::*;
+
+fn payload(index: u64) -> Vec<u8> {
+    let len = 10 + (index as usize * 37) % 300;
+    (0..len).map(|i| (index as usize + i) as u8).collect()
+}
+
+fn open(dir: &Path, durable: u64) -> Result<(SegmentLog, Recovery), SegmentError> {
+    // Small segments: a few entries each, so every test crosses segment boundaries.
+    SegmentLog::open(dir, durable, 1_000)
+}
+
+fn fill(log: &mut SegmentLog, range: std::ops::RangeInclusive<u64>) {
+    for i in range {
+        log.append(i, &payload(i)).expect("append");
+    }
+    log.sync().expect("sync");
+}
+
+fn segment_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = fs::read_dir(dir)
+        .expect("dir")
+        .map(|e| e.expect("entry").path())
+        .collect();
+    files.sort();
+    files
+}
+
+fn assert_holds(log: &SegmentLog, range: std::ops::RangeInclusive<u64>) {
+    assert_eq!(log.first_index(), Some(*range.start()));
+    assert_eq!(log.last_index(), Some(*range.end()));
+    for i in range.clone() {
+        assert_eq!(log.read(i).expect("read"), Some(payload(i)), "entry {i}");
+    }
+    assert_eq!(log.read(range.end() + 1).expect("read"), None);
+    assert_eq!(
+        log.read(range.start().saturating_sub(1)).expect("read"),
+        None
+    );
+}
+
+#[test]
+fn entries_read_back_across_segments_and_after_reopening() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut log, recovery) = open(dir.path(), 0).expect("open");
+    assert_eq!(recovery, Recovery::default());
+    fill(&mut log, 5..=60);
+    assert_holds(&log, 5..=60);
+    assert!(segment_files(dir.path()).len() > 5, "small segments roll");
+    drop(log);
+    let (mut log, recovery) = open(dir.path(), 60).expect("reopen");
+    assert_eq!(recovery.entries, 56);
+    assert_eq!(recovery.cut_bytes, 0);
+    assert_holds(&log, 5..=60);
+    assert!(matches!(
+        log.append(62, b"gap"),
+        Err(SegmentError::OutOfOrder { last: 60, got: 62 })
+    ));
+    fill(&mut log, 61..=70);
+    assert_holds(&log, 5..=70);
+}
+
+/// Writes that were never synced may be lost or half written by a crash: cut off at open,
+/// whatever state the tail is in, and the log goes on from the last whole entry.
+#[test]
+fn a_torn_tail_above_what_was_synced_is_cut_off() {
+    type Damage = fn(&Path);
+    let cases: Vec<(&str, Damage)> = vec![
+        ("half a frame", |p| cut(p, 9)),
+        ("half a header", |p| {
+            let len = fs::metadata(p).expect("meta").len();
+            let last_frame = 16 + payload(40).len() as u64;
+            trim(p, len - last_frame + 7);
+        }),
+        ("a flipped byte in the last frame", |p| flip(p, 3)),
+        ("zeros after the last frame", |p| {
+            append_bytes(p, &[0u8; 64])
+        }),
+    ];
+    for (what, damage) in cases {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (mut log, _) = open(dir.path(), 0).expect("open");
+        fill(&mut log, 1..=40);
+        drop(log);
+        let last = segment_files(dir.path()).pop().expect("a segment");
+        damage(&last);
+        let (mut log, recovery) = open(dir.path(), 30).expect(what);
+        assert!(recovery.cut_bytes > 0, "{what}: nothing cut");
+        let kept = log.last_index().expect("entries");
+        assert!((30..=40).contains(&kept), "{what}: kept up to {kept}");
+        assert_holds(&log, 1..=kept);
+        fill(&mut log, kept + 1..=45);
+        drop(log);
+        let (log, recovery) = open(dir.path(), 45).expect("reopen");
+        assert_eq!(recovery.cut_bytes, 0, "{what}");
+        assert_holds(&log, 1..=45);
+    }
+}
+
+/// What was synced (at or below `durable`) and every segment before the last were fsynced:
+/// a frame there that does not read is damage, and the open fails naming it, never cutting
+/// acknowledged entries.
+#[test]
+fn damage_to_what_was_synced_fails_the_open() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut log, _) = open(dir.path(), 0).expect("open");
+    fill(&mut log, 1..=40);
+    drop(log);
+    let files = segment_files(dir.path());
+
+    // In the last segment, below `durable`.
+    let last = files.last().expect("segment");
+    let saved = fs::read(last).expect("read");
+    flip(last, 3);
+    match open(dir.path(), 40) {
+        Err(SegmentError::Damaged { index, .. }) => assert_eq!(index, 40),
+        other => panic!(
+            "opened a log that lost synced entry 40: {:?}",
+            other.map(|r| r.1)
+        ),
+    }
+    fs::write(last, &saved).expect("restore");
+
+    // In an earlier segment, whatever `durable` says.
+    let first = &files[0];
+    let bytes = fs::read(first).expect("read");
+    let mut flipped = bytes.clone();
+    flipped[MAGIC.len() + FRAME_HEADER + 2] ^= 0x40;
+    fs::write(first, &flipped).expect("write");
+    let err = open(dir.path(), 0)
+        .map(|r| r.1)
+        .expect_err("damage in an earlier segment");
+    assert!(
+        matches!(&err, SegmentError::Damaged { index: 1, .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("checksum"), "{err}");
+    fs::write(first, &bytes).expect("restore");
+
+    // A missing segment in the middle: a gap in the entries.
+    fs::remove_file(&files[1]).expect("remove");
+    let err = open(dir.path(), 0).map(|r| r.1).expect_err("a gap");
+    assert!(err.to_string().contains("the segment before ends"), "{err}");
+}
+
+/// A byte flipped after the open is caught by the read, not returned.
+#[test]
+fn a_read_checks_the_entry_it_returns() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut log, _) = open(dir.path(), 0).expect("open");
+    fill(&mut log, 1..=3);
+    let file = &segment_files(dir.path())[0];
+    let mut bytes = fs::read(file).expect("read");
+    bytes[MAGIC.len() + FRAME_HEADER] ^= 1;
+    fs::write(file, &bytes).expect("write");
+    assert!(matches!(
+        log.read(1),
+        Err(SegmentError::Damaged { index: 1, .. })
+    ));
+    assert_eq!(log.read(2).expect("read"), Some(payload(2)));
+}
+
+#[test]
+fn truncation_and_purge_remove_entries_durably() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut log, _) = open(dir.path(), 0).expect("open");
+    fill(&mut log, 1..=50);
+    log.truncate_from(33).expect("truncate");
+    assert_holds(&log, 1..=32);
+    fill(&mut log, 33..=40);
+    let first = log.purge_to(20).expect("purge");
+    let first = first.expect("entries left");
+    assert!(
+        first <= 21 && first > 1,
+        "whole segments only: first is {first}"
+    );
+    assert_holds(&log, first..=40);
+    drop(log);
+    let (mut log, _) = open(dir.path(), 40).expect("reopen");
+    assert_holds(&log, first..=40);
+
+    // Everything truncated: the log starts again wherever the next entry says.
+    log.truncate_from(first).expect("truncate all");
+    assert_eq!(log.last_index(), None);
+    fill(&mut log, 500..=510);
+    assert_holds(&log, 500..=510);
+    drop(log);
+    let (log, _) = open(dir.path(), 510).expect("reopen");
+    assert_holds(&log, 500..=510);
+    assert!(segment_files(dir.path()).iter().all(|p| p
+        .file_name()
+        .is_some_and(|n| n.to_string_lossy().as_ref() >= "00000000000000000500.seg")));
+}
+
+#[test]
+fn an_entry_too_large_for_a_frame_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut log, _) = open(dir.path(), 0).expect("open");
+    let big = vec![0u8; MAX_PAYLOAD as usize + 1];
+    assert!(matches!(
+        log.append(1, &big),
+        Err(SegmentError::TooLarge(_))
+    ));
+    assert_eq!(log.last_index(), None);
+}
+
+fn cut(path: &Path, bytes: u64) {
+    let len = fs::metadata(path).expect("meta").len();
+    trim(path, len - bytes);
+}
+
+fn trim(path: &Path, len: u64) {
+    let file = OpenOptions::new().write(true).open(path).expect("open");
+    file.set_len(len).expect("set_len");
+}
+
+/// Flips a byte `back` bytes before the end of the file.
+fn flip(path: &Path, back: usize) {
+    let mut bytes = fs::read(path).expect("read");
+    let at = bytes.len() - back;
+    bytes[at] ^= 0x10;
+    fs::write(path, bytes).expect("write");
+}
+
+fn append_bytes(path: &Path, extra: &[u8]) {
+    let mut file = OpenOptions::new().append(true).open(path).expect("open");
+    file.write_all(extra).expect("write");
+}
+
+/// A real power loss: the log lives on a fault disk (a FUSE file system of our own that drops
+/// every write not fsynced when told). Each round appends entries, syncs some of them, appends
+/// more without a sync, loses power and opens the log again with the synced index as `durable`:
+/// every synced entry is there and reads back, and whatever of the rest survived reads back
+/// whole or was cut, never garbled. Needs root and `/dev/fuse`.
+#[test]
+fn a_power_loss_keeps_every_synced_entry() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let (backing, mount) = (root.path().join("backing"), root.path().join("mount"));
+    for dir in [&backing, &mount] {
+        fs::create_dir_all(dir).expect("mkdir");
+    }
+    let disk = raftq_faultfs::FaultFs::mount(&backing, &mount)
+        .unwrap_or_else(|e| panic!("a fault disk cannot be mounted here: {e}"));
+    let dir = mount.join("log");
+    let mut synced = 0u64;
+    for round in 0..6u64 {
+        let (mut log, _) = open(&dir, synced).expect("open after a power loss");
+        let held = log.last_index().unwrap_or(0);
+        assert!(
+            held >= synced,
+            "round {round}: synced entry {synced}, log ends at {held}"
+        );
+        if held > 0 {
+            assert_holds(&log, 1..=held);
+        }
+        // Synced: a few segments' worth, then an unsynced tail of several more.
+        fill(&mut log, held + 1..=held + 10);
+        synced = held + 10;
+        for i in synced + 1..=synced + 7 + round * 3 {
+            log.append(i, &payload(i)).expect("append");
+        }
+        drop(log);
+        let report = disk.control().drop_unsynced().expect("power loss");
+        assert!(report.bytes > 0, "round {round}: nothing was unsynced");
+    }
+    let (log, _) = open(&dir, synced).expect("open");
+    assert_holds(&log, 1..=log.last_index().expect("entries"));
+    disk.unmount().expect("unmount");
+}
