@@ -35,6 +35,44 @@ fn publish(sequence: u64) -> Command {
     })
 }
 
+/// An empty state machine on a fresh database: its directory, database and store.
+fn fresh_node() -> (tempfile::TempDir, Arc<DB>, Arc<SmShared>) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = open_db(&dir.path().join("db")).expect("open db");
+    let shared = SmShared::open(db.clone(), dir.path().join("snapshots")).expect("open");
+    (dir, db, shared)
+}
+
+/// Creates topic `t`.
+fn create_topic_t() -> Command {
+    Command::CreateTopic(CreateTopic {
+        name: "t".into(),
+        settings: TopicSettings::default(),
+    })
+}
+
+/// Creates subscription `s` of topic `t`, with leases of one second.
+fn create_sub_s() -> Command {
+    Command::CreateSubscription(CreateSub {
+        topic: "t".into(),
+        name: "s".into(),
+        settings: SubSettings {
+            start: Start::First,
+            ack_timeout_ms: 1_000,
+            max_deliveries: None,
+            dead_letter_topic: None,
+        },
+    })
+}
+
+/// Subscription `s` of topic `t`.
+fn sub_ref() -> SubRef {
+    SubRef {
+        topic: "t".into(),
+        name: "s".into(),
+    }
+}
+
 /// Producers, counters and subscriptions come back whole from the database after a
 /// restart and from a snapshot installed on a fresh node: deduplication and reports
 /// survive both.
@@ -44,26 +82,8 @@ fn state_survives_reopen_and_snapshot_install() {
     let db = open_db(&dir.path().join("db")).expect("open db");
     let shared = SmShared::open(db.clone(), dir.path().join("snapshots")).expect("open");
     let entries = vec![
-        entry(
-            1,
-            vec![Command::CreateTopic(CreateTopic {
-                name: "t".into(),
-                settings: TopicSettings::default(),
-            })],
-        ),
-        entry(
-            2,
-            vec![Command::CreateSubscription(CreateSub {
-                topic: "t".into(),
-                name: "s".into(),
-                settings: SubSettings {
-                    start: Start::First,
-                    ack_timeout_ms: 1_000,
-                    max_deliveries: None,
-                    dead_letter_topic: None,
-                },
-            })],
-        ),
+        entry(1, vec![create_topic_t()]),
+        entry(2, vec![create_sub_s()]),
         entry(3, vec![publish(0), publish(1), publish(0)]),
         entry(
             4,
@@ -119,13 +139,8 @@ fn state_survives_reopen_and_snapshot_install() {
 #[test]
 fn leases_written_as_deltas_come_back_after_reopen_and_snapshot_install() {
     use crate::state::{Outcome, ReceiptAction, SettleReceipts};
-    let dir = tempfile::tempdir().expect("tempdir");
-    let db = open_db(&dir.path().join("db")).expect("open db");
-    let shared = SmShared::open(db.clone(), dir.path().join("snapshots")).expect("open");
-    let sub = SubRef {
-        topic: "t".into(),
-        name: "s".into(),
-    };
+    let (dir, db, shared) = fresh_node();
+    let sub = sub_ref();
     let pull = |max| {
         Command::Pull(Pull {
             sub: sub.clone(),
@@ -140,25 +155,7 @@ fn leases_written_as_deltas_come_back_after_reopen_and_snapshot_install() {
             receipts,
         })
     };
-    let mut setup = vec![entry(
-        1,
-        vec![
-            Command::CreateTopic(CreateTopic {
-                name: "t".into(),
-                settings: TopicSettings::default(),
-            }),
-            Command::CreateSubscription(CreateSub {
-                topic: "t".into(),
-                name: "s".into(),
-                settings: SubSettings {
-                    start: Start::First,
-                    ack_timeout_ms: 1_000,
-                    max_deliveries: None,
-                    dead_letter_topic: None,
-                },
-            }),
-        ],
-    )];
+    let mut setup = vec![entry(1, vec![create_topic_t(), create_sub_s()])];
     setup.extend((2..=21).map(|i| entry(i, vec![publish(i - 2)])));
     shared.apply_blocking(setup).expect("apply");
     let resp = shared
@@ -225,13 +222,8 @@ fn leases_written_as_deltas_come_back_after_reopen_and_snapshot_install() {
 /// in-memory state readers see is exactly what was applied before.
 #[test]
 fn an_unreadable_record_fails_the_apply_and_changes_nothing() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let db = open_db(&dir.path().join("db")).expect("open db");
-    let shared = SmShared::open(db.clone(), dir.path().join("snapshots")).expect("open");
-    let sub = SubRef {
-        topic: "t".into(),
-        name: "s".into(),
-    };
+    let (_dir, db, shared) = fresh_node();
+    let sub = sub_ref();
     let topic = |name: &str| {
         Command::CreateTopic(CreateTopic {
             name: name.into(),

@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use super::{keys, values, CF_SM};
 use crate::codec;
 use crate::state::ranges::RangeSet;
-use crate::state::subscriptions::{Lease, Pending, SubCounters, SubSettings};
+use crate::state::subscriptions::{Lease, OffsetMap, Pending, SubCounters, SubSettings};
 use crate::state::SubState;
 
 /// Format byte of a subscription's head (its leases and pending redeliveries under keys of
@@ -112,18 +112,23 @@ pub fn put(
     sub: &mut SubState,
 ) -> Result<(), bincode::Error> {
     batch.put_cf(cf, keys::sub(sub.id), encode_head(sub)?);
-    for offset in sub.leases.take_changed() {
-        let key = lease_key(sub.id, offset);
-        match sub.leases.get(&offset) {
-            Some(lease) => batch.put_cf(cf, key, values::encode(lease)?),
-            None => batch.delete_cf(cf, key),
-        }
-    }
-    for offset in sub.pending.take_changed() {
-        let key = pending_key(sub.id, offset);
-        match sub.pending.get(&offset) {
-            Some(p) => batch.put_cf(cf, key, values::encode(p)?),
-            None => batch.delete_cf(cf, key),
+    put_changed(batch, cf, &mut sub.leases, |o| lease_key(sub.id, o))?;
+    put_changed(batch, cf, &mut sub.pending, |o| pending_key(sub.id, o))?;
+    Ok(())
+}
+
+/// Puts the current entry of each offset `map` changed under `key(offset)`, or deletes the key
+/// when the entry is gone; hands the changes over.
+fn put_changed<V: Serialize>(
+    batch: &mut WriteBatch,
+    cf: &ColumnFamily,
+    map: &mut OffsetMap<V>,
+    key: impl Fn(u64) -> [u8; 18],
+) -> Result<(), bincode::Error> {
+    for offset in map.take_changed() {
+        match map.get(&offset) {
+            Some(v) => batch.put_cf(cf, key(offset), values::encode(v)?),
+            None => batch.delete_cf(cf, key(offset)),
         }
     }
     Ok(())
