@@ -315,10 +315,13 @@ impl SegmentLog {
         if roll {
             self.start_segment(index)?;
         }
-        let seg = self.segments.last_mut().ok_or(SegmentError::OutOfOrder {
-            last: index,
-            got: index,
-        })?;
+        let Some(seg) = self.segments.last_mut() else {
+            // `start_segment` above leaves one whenever there was none.
+            return Err(SegmentError::Io {
+                path: self.dir.clone(),
+                source: io::Error::other("no segment to append to"),
+            });
+        };
         let mut frame = Vec::with_capacity(frame_len as usize);
         frame.extend_from_slice(&len.to_le_bytes());
         frame.extend_from_slice(&frame_crc(index, payload).to_le_bytes());
@@ -410,14 +413,16 @@ impl SegmentLog {
     /// Removes entry `index` and every entry after it, durably (a follower's log that
     /// conflicts with its leader's).
     pub fn truncate_from(&mut self, index: u64) -> Result<(), SegmentError> {
-        while let Some(seg) = self.segments.last_mut() {
-            if seg.first < index || (seg.first == index && self.segments.len() == 1) {
+        // Whole segments from `index` on go, except a segment starting at `index` that is the
+        // only one: it stays, emptied below, so the log keeps a file to append to.
+        loop {
+            let others = self.segments.len().saturating_sub(1);
+            let Some(seg) = self
+                .segments
+                .pop_if(|s| s.first > index || (s.first == index && others > 0))
+            else {
                 break;
-            }
-            let seg = self.segments.pop().ok_or(SegmentError::OutOfOrder {
-                last: index,
-                got: index,
-            })?;
+            };
             fs::remove_file(&seg.path).map_err(io_at(&seg.path))?;
         }
         if let Some(seg) = self.segments.last_mut() {

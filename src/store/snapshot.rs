@@ -7,9 +7,9 @@
 //!
 //! Format 2 (written today) holds the `sm` family's values as stored, each behind its format
 //! byte (`values`), except that each subscription is one whole value, leases included, as data
-//! directory format 3 stored it (a store of today keeps its pieces apart: `subs`); format 1 held the applied id, membership and clock bare, and reading one
-//! gives them their format byte, so a format 1 file (an older node's snapshot, a backup) loads
-//! into a store of today.
+//! directory format 3 stored it (a store of today keeps its pieces apart: `subs`). Format 1
+//! held the applied id, membership and clock bare, and reading one gives them their format
+//! byte, so a format 1 file (an older node's snapshot, a backup) loads into a store of today.
 //!
 //! A snapshot is written to `NAME.tmp`, fsynced, renamed to `NAME`, and the directory is
 //! fsynced: a crash at any step leaves the old snapshot or the new one, never a torn one.
@@ -406,7 +406,7 @@ pub fn load_into_with(
             ));
         }
         bytes += k.len() + v.len();
-        subs::split(k, v, |k, v| batch.put_cf(cf, k, v)).map_err(SnapshotError::Corrupt)?;
+        subs::split(k, v, |k, v| batch.put_cf(cf, k, v))?;
         stats.pairs += 1;
         if bytes >= batch_bytes {
             db.write_opt(std::mem::take(&mut batch), &unsynced)?;
