@@ -2,7 +2,7 @@
 //! Raft log moves to so that a record's bytes are written once per node (an append and an
 //! fdatasync) instead of through RocksDB's WAL, a memtable flush and compactions. Not yet the
 //! Raft log's storage: `LogStore` still keeps entries in the `log` column family (ARCHITECTURE.md,
-//! "The data path, step by step").
+//! "The Raft log in segment files").
 //!
 //! A directory holds segments named by their first index (`00000000000000000042.seg`). A
 //! segment is [`MAGIC`] then frames: `u32` payload length, `u32` CRC-32C of the index and the
@@ -21,6 +21,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufReader, Read, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use super::datadir::sync_dir;
 
@@ -68,7 +69,8 @@ pub struct Recovery {
 struct Segment {
     first: u64,
     path: PathBuf,
-    file: File,
+    /// Shared with a caller that syncs it outside its lock ([`SegmentLog::unsynced`]).
+    file: Arc<File>,
     /// Byte position of each entry's frame, in index order from `first`.
     positions: Vec<u64>,
     /// Bytes in the file (where the next frame goes).
@@ -96,6 +98,20 @@ fn file_name(first: u64) -> String {
 
 fn frame_crc(index: u64, payload: &[u8]) -> u32 {
     crc32c::crc32c_append(crc32c::crc32c(&index.to_le_bytes()), payload)
+}
+
+/// Entry `index`'s frame: header and payload.
+fn frame(index: u64, payload: &[u8]) -> Result<Vec<u8>, SegmentError> {
+    let len = u32::try_from(payload.len())
+        .ok()
+        .filter(|l| *l <= MAX_PAYLOAD)
+        .ok_or(SegmentError::TooLarge(payload.len()))?;
+    let mut frame = Vec::with_capacity(FRAME_HEADER + payload.len());
+    frame.extend_from_slice(&len.to_le_bytes());
+    frame.extend_from_slice(&frame_crc(index, payload).to_le_bytes());
+    frame.extend_from_slice(&index.to_le_bytes());
+    frame.extend_from_slice(payload);
+    Ok(frame)
 }
 
 /// Reserves the segment's blocks up front without changing its size (`FALLOC_FL_KEEP_SIZE`),
@@ -268,11 +284,17 @@ impl SegmentLog {
                 .append(true)
                 .open(&path)
                 .map_err(io_at(&path))?;
+            if last_segment {
+                // What a crashed process wrote without syncing is in the page cache and reads
+                // back whole: sync it now, so that everything the log holds once open is
+                // durable (a caller may act on it as such, as apply does).
+                file.sync_data().map_err(io_at(&path))?;
+            }
             recovery.entries += positions.len() as u64;
             log.segments.push(Segment {
                 first,
                 path,
-                file,
+                file: Arc::new(file),
                 positions,
                 len: good_len,
             });
@@ -296,16 +318,9 @@ impl SegmentLog {
     /// Appends entry `index` (the one after the last, or any index on an empty log). Readable
     /// at once; durable after the next [`sync`](Self::sync).
     pub fn append(&mut self, index: u64, payload: &[u8]) -> Result<(), SegmentError> {
-        if let Some(last) = self.last_index() {
-            if index != last + 1 {
-                return Err(SegmentError::OutOfOrder { last, got: index });
-            }
-        }
-        let len = u32::try_from(payload.len())
-            .ok()
-            .filter(|l| *l <= MAX_PAYLOAD)
-            .ok_or(SegmentError::TooLarge(payload.len()))?;
-        let frame_len = (FRAME_HEADER + payload.len()) as u64;
+        self.check_next(index)?;
+        let frame = frame(index, payload)?;
+        let frame_len = frame.len() as u64;
         let roll = match self.segments.last() {
             None => true,
             // Emptied by a truncation, for entries that now start elsewhere.
@@ -322,16 +337,30 @@ impl SegmentLog {
                 source: io::Error::other("no segment to append to"),
             });
         };
-        let mut frame = Vec::with_capacity(frame_len as usize);
-        frame.extend_from_slice(&len.to_le_bytes());
-        frame.extend_from_slice(&frame_crc(index, payload).to_le_bytes());
-        frame.extend_from_slice(&index.to_le_bytes());
-        frame.extend_from_slice(payload);
-        seg.file.write_all(&frame).map_err(io_at(&seg.path))?;
+        (&*seg.file).write_all(&frame).map_err(io_at(&seg.path))?;
         seg.positions.push(seg.len);
         seg.len += frame_len;
         self.dirty = true;
         Ok(())
+    }
+
+    fn check_next(&self, index: u64) -> Result<(), SegmentError> {
+        match self.last_index() {
+            Some(last) if index != last + 1 => Err(SegmentError::OutOfOrder { last, got: index }),
+            _ => Ok(()),
+        }
+    }
+
+    /// For a caller that syncs outside its lock, so that appends go on meanwhile: the file an
+    /// fdatasync must reach to make every entry appended so far durable, with its path (`None`
+    /// when nothing was appended since the last sync). The log counts it as synced from now on:
+    /// the caller must sync it before it reports those entries durable, and must treat a failed
+    /// sync as the end of the log (its pages may be lost, and a later sync would not say so).
+    /// An append after this call needs the next one.
+    pub fn unsynced(&mut self) -> Option<(Arc<File>, PathBuf)> {
+        let seg = self.segments.last().filter(|_| self.dirty)?;
+        self.dirty = false;
+        Some((seg.file.clone(), seg.path.clone()))
     }
 
     /// Syncs the current segment (the earlier ones were synced when the next one started).
@@ -348,13 +377,13 @@ impl SegmentLog {
         self.sync()?;
         let path = self.dir.join(file_name(first));
         let io = io_at(&path);
-        let mut file = OpenOptions::new()
+        let file = OpenOptions::new()
             .read(true)
             .append(true)
             .create_new(true)
             .open(&path)
             .map_err(&io)?;
-        file.write_all(MAGIC).map_err(&io)?;
+        (&file).write_all(MAGIC).map_err(&io)?;
         preallocate(&file, self.max_segment_bytes);
         file.sync_all().map_err(&io)?;
         sync_dir(&self.dir).map_err(&io)?;
@@ -367,7 +396,7 @@ impl SegmentLog {
         self.segments.push(Segment {
             first,
             path: path.clone(),
-            file,
+            file: Arc::new(file),
             positions: Vec::new(),
             len: MAGIC.len() as u64,
         });
@@ -439,11 +468,17 @@ impl SegmentLog {
         sync_dir(&self.dir).map_err(io_at(&self.dir))
     }
 
-    /// Removes every whole segment whose entries are all at or below `index`; the segment
-    /// being appended to stays. Returns the first index still held.
+    /// Removes every whole segment whose entries are all at or below `index`, the one being
+    /// appended to included (the log is then empty, and its next append may have any index:
+    /// Raft purges past its last entry when a snapshot replaces the whole log). Returns the
+    /// first index still held.
     pub fn purge_to(&mut self, index: u64) -> Result<Option<u64>, SegmentError> {
         let mut removed = false;
-        while self.segments.len() > 1 && self.segments[0].last().is_some_and(|l| l <= index) {
+        while self
+            .segments
+            .first()
+            .is_some_and(|s| s.last().is_none_or(|l| l <= index))
+        {
             let seg = self.segments.remove(0);
             fs::remove_file(&seg.path).map_err(io_at(&seg.path))?;
             removed = true;

@@ -192,6 +192,41 @@ fn truncation_and_purge_remove_entries_durably() {
         .is_some_and(|n| n.to_string_lossy().as_ref() >= "00000000000000000500.seg")));
 }
 
+/// Raft purges past its last entry when a snapshot replaces a follower's whole log: every
+/// segment goes, the one being appended to included, and the next entry may have any index.
+#[test]
+fn a_purge_past_the_last_entry_empties_the_log() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut log, _) = open(dir.path(), 0).expect("open");
+    fill(&mut log, 1..=30);
+    assert!(segment_files(dir.path()).len() > 1);
+    assert_eq!(log.purge_to(100).expect("purge"), None);
+    assert_eq!(log.last_index(), None);
+    assert!(segment_files(dir.path()).is_empty());
+    fill(&mut log, 101..=105);
+    drop(log);
+    let (log, _) = open(dir.path(), 105).expect("reopen");
+    assert_holds(&log, 101..=105);
+}
+
+/// A caller syncing outside its lock gets the segment to sync once per batch of appends, and
+/// again only after another append.
+#[test]
+fn unsynced_hands_out_the_segment_once_per_batch_of_appends() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut log, _) = open(dir.path(), 0).expect("open");
+    assert!(log.unsynced().is_none());
+    for i in 1..=2 {
+        log.append(i, &payload(i)).expect("append");
+    }
+    let (file, path) = log.unsynced().expect("appended since the last sync");
+    assert_eq!(path, *segment_files(dir.path()).last().expect("a segment"));
+    file.sync_data().expect("sync");
+    assert!(log.unsynced().is_none());
+    log.append(3, &payload(3)).expect("append");
+    assert!(log.unsynced().is_some());
+}
+
 #[test]
 fn an_entry_too_large_for_a_frame_is_refused() {
     let dir = tempfile::tempdir().expect("tempdir");
