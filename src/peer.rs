@@ -28,7 +28,7 @@ use crate::codec;
 use crate::node::AppState;
 use crate::raft::network::{SnapshotHeader, FORMAT_HEADER, RPC_FORMAT, SECRET_HEADER};
 use crate::raft::{NodeId, Snapshot, SnapshotData, TypeConfig};
-use crate::store::{snapshot, Raft, SmShared, StateMachineStore};
+use crate::store::{snapshot, Raft, SmShared};
 use crate::tokens::secret_matches;
 
 /// What the `/raft/*` endpoints work with.
@@ -233,8 +233,8 @@ async fn snapshot(
 ) -> Result<Response, PeerError> {
     authorize(&state, &headers)?;
     check_format(&headers)?;
-    let store = StateMachineStore::new(state.sm.clone());
-    let (file, path) = store
+    let (file, path) = state
+        .sm
         .begin_receiving_snapshot()
         .await
         .map_err(|e| PeerError::internal(format!("cannot receive a snapshot: {e}")))?;

@@ -3,10 +3,12 @@
 //! learner until it holds the log again, then a voter (docs/operations.md, "When a disk lies,
 //! fills up or fails"). Meanwhile the rest of the cluster serves every acknowledged record.
 //! The faults:
-//! - bytes flipped in the middle of its newest write-ahead log (RocksDB's checksums see it);
-//! - its newest write-ahead log cut short (a clean tail that RocksDB alone cannot tell from a
+//! - bytes flipped in the middle of its newest log segment (the frames' checksums see it);
+//! - its newest log segment cut short (a clean tail that the segment alone cannot tell from a
 //!   torn write: the durable watermark, or the leader's record of what it acknowledged, sees it);
 //! - both, while every node was down and nobody remembers what it acknowledged;
+//! - bytes flipped in the middle of RocksDB's newest write-ahead log, which holds the vote and
+//!   the other Raft metadata (RocksDB's checksums see it);
 //! - bytes flipped in a data block of a table file (`.sst`), which opening the database does
 //!   not read: the node reads every table file at start to find it;
 //! - its data directory wiped (the cluster knows it as a voter that had the log).
@@ -19,25 +21,35 @@ use std::time::Duration;
 use common::{Cluster, Load};
 use raftq_client::api::ClusterStatus;
 
-/// The newest write-ahead log file of a node's RocksDB, and its size.
-fn newest_wal(data: &Path) -> (PathBuf, u64) {
-    let db = data.join("db");
-    let mut wals: Vec<(u64, PathBuf, u64)> = std::fs::read_dir(&db)
-        .unwrap_or_else(|e| panic!("listing {}: {e}", db.display()))
+/// The newest file `NNN.<extension>` in `dir` (by its number), and its size.
+fn newest(dir: &Path, extension: &str) -> (PathBuf, u64) {
+    let suffix = format!(".{extension}");
+    let mut files: Vec<(u64, PathBuf, u64)> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("listing {}: {e}", dir.display()))
         .filter_map(Result::ok)
         .filter_map(|e| {
             let path = e.path();
             let name = path.file_name()?.to_str()?.to_string();
-            let number: u64 = name.strip_suffix(".log")?.parse().ok()?;
+            let number: u64 = name.strip_suffix(&suffix)?.parse().ok()?;
             let size = e.metadata().ok()?.len();
             Some((number, path, size))
         })
         .collect();
-    wals.sort();
-    let (_, path, size) = wals
+    files.sort();
+    let (_, path, size) = files
         .pop()
-        .unwrap_or_else(|| panic!("no write-ahead log in {}", db.display()));
+        .unwrap_or_else(|| panic!("no {suffix} file in {}", dir.display()));
     (path, size)
+}
+
+/// The newest write-ahead log file of a node's RocksDB, and its size.
+fn newest_wal(data: &Path) -> (PathBuf, u64) {
+    newest(&data.join("db"), "log")
+}
+
+/// The newest segment file of a node's Raft log, and its size.
+fn newest_segment(data: &Path) -> (PathBuf, u64) {
+    newest(&data.join("log"), "seg")
 }
 
 /// Flips a few bytes at `fraction` of the file, or cuts it there.
@@ -177,31 +189,46 @@ async fn check_rejoined(c: &Cluster, node: u64, records: u64, damaged_kept: bool
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_node_whose_wal_has_flipped_bytes_rejoins_as_a_learner() {
+async fn a_node_whose_log_segment_has_flipped_bytes_rejoins_as_a_learner() {
     let (c, node, records) = cluster_with_a_stopped_follower().await;
-    let (wal, size) = newest_wal(&c.data_dir(node));
-    assert!(size > 10_000, "a write-ahead log of {size} bytes");
-    // At a tenth of the file: records after it were fsynced and acknowledged.
-    damage(&wal, size, "flip", 0.1);
+    let (segment, size) = newest_segment(&c.data_dir(node));
+    assert!(size > 10_000, "a log segment of {size} bytes");
+    // At a tenth of the file: entries after it were fsynced and acknowledged.
+    damage(&segment, size, "flip", 0.1);
     c.restart(node).await;
     check_rejoined(&c, node, records, true).await;
-    assert!(c.log(node).contains("RocksDB refuses to open it"));
+    assert!(c.log(node).contains("its Raft log fails its checks"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_node_whose_wal_was_cut_short_rejoins_as_a_learner() {
+async fn a_node_whose_log_segment_was_cut_short_rejoins_as_a_learner() {
     let (c, node, records) = cluster_with_a_stopped_follower().await;
-    let (wal, size) = newest_wal(&c.data_dir(node));
-    // What follows the cut looks like a tail never written.
-    damage(&wal, size, "cut", 0.5);
+    let (segment, size) = newest_segment(&c.data_dir(node));
+    // What follows the cut looks like a tail never written, or a frame torn in the middle.
+    damage(&segment, size, "cut", 0.5);
     c.restart(node).await;
     check_rejoined(&c, node, records, true).await;
     let log = c.log(node);
     assert!(
-        log.contains("but reached") || log.contains("had acknowledged"),
+        log.contains("but reached")
+            || log.contains("had acknowledged")
+            || log.contains("its Raft log fails its checks"),
         "the node names what was lost: {}",
         common::tail(&log, 30)
     );
+}
+
+/// The vote and the other Raft metadata are in RocksDB's write-ahead log: bytes flipped in its
+/// middle make RocksDB refuse to open the database.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_wal_has_flipped_bytes_rejoins_as_a_learner() {
+    let (c, node, records) = cluster_with_a_stopped_follower().await;
+    let (wal, size) = newest_wal(&c.data_dir(node));
+    assert!(size > 2_000, "a write-ahead log of {size} bytes");
+    damage(&wal, size, "flip", 0.1);
+    c.restart(node).await;
+    check_rejoined(&c, node, records, true).await;
+    assert!(c.log(node).contains("RocksDB refuses to open it"));
 }
 
 /// A flipped byte in a table file's data block: RocksDB opens the database without reading
@@ -224,17 +251,17 @@ async fn a_node_whose_table_file_has_flipped_bytes_rejoins_as_a_learner() {
     );
 }
 
-/// The bad day: every node down at once, one node's newest write-ahead log damaged, and that
+/// The bad day: every node down at once, one node's newest log segment damaged, and that
 /// node started first, while no leader remembers what it acknowledged. Only what the node
-/// itself recorded (RocksDB's checksums, the durable watermark) can tell; it must not vote, so
-/// it waits for the others, and then rejoins through their leader.
+/// itself recorded (the frames' checksums, the durable watermark) can tell; it must not vote,
+/// so it waits for the others, and then rejoins through their leader.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_damaged_while_every_node_was_down_waits_then_rejoins() {
     for how in ["flip", "cut"] {
         let (c, node, records) = cluster_with_a_stopped_follower().await;
         c.kill_all();
-        let (wal, size) = newest_wal(&c.data_dir(node));
-        damage(&wal, size, how, 0.3);
+        let (segment, size) = newest_segment(&c.data_dir(node));
+        damage(&segment, size, how, 0.3);
         c.start_node(node);
         c.wait_for(
             &format!("node {node} to notice the damage ({how})"),

@@ -42,8 +42,8 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     }
     crate::metrics::install();
     let datadir = DataDir::open(&settings.data, &settings.cluster_id, settings.id)?;
-    let (db, rejoining) = open_store(&settings, &datadir).await?;
-    let found = store::log::stored_marks(&db).map_err(|e| {
+    let store_check::Opened { db, log, rejoining } = open_store(&settings, &datadir).await?;
+    let found = store::log::stored_marks(&db, &log).map_err(|e| {
         anyhow::anyhow!(
             "reading the Raft state in {}: {e}",
             datadir.db_path().display()
@@ -64,8 +64,9 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
             move || w.run_writer()
         })
         .context("starting the watermark thread")?;
-    let log_store = LogStore::with_watermark(db.clone(), watermark.clone())
+    let log_store = LogStore::with_watermark(db.clone(), log, watermark.clone())
         .context("starting the log flusher thread")?;
+    let log_durable = log_store.durable();
     let committed = log_store.committed_index();
     let network = Network::new(
         settings.peer_http.clone(),
@@ -82,7 +83,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         Arc::new(raft_config),
         network,
         log_store,
-        StateMachineStore::new(sm.clone()),
+        StateMachineStore::new(sm.clone(), log_durable),
     )
     .await
     .context("starting Raft")?;

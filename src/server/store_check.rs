@@ -20,29 +20,43 @@ fn damaged_message(settings: &Settings, what: &str) -> String {
     )
 }
 
-/// Opens the node's store and makes sure it can be trusted; returns it, with the rejoin
-/// marker when the node is rejoining (see [`crate::rejoin`]).
+/// The node's store: the database (Raft metadata and the state machine) and the log.
+pub(super) struct Opened {
+    pub db: Arc<rocksdb::DB>,
+    pub log: store::segments::SegmentLog,
+    /// The rejoin marker when the node is rejoining (see [`crate::rejoin`]).
+    pub rejoining: Option<crate::rejoin::Marker>,
+}
+
+/// Opens the node's store and makes sure it can be trusted.
 ///
 /// A store that lost data this node had acknowledged (RocksDB finds damage at open, or in the
-/// checksums of the table files, all read first; the log or vote is behind the durable
+/// checksums of the table files, all read first; a log segment fails its checks at or below
+/// the durable watermark, or anywhere but its tail; the log or vote is behind the durable
 /// watermark or behind what the leader recorded; or the store is empty while the cluster had
 /// replicated to this node) is set aside, and the node starts from an empty one
 /// as a learner: before Raft starts, the leader makes it one, and this node adopts the
 /// leader's term. A node with no other member to rejoin through refuses to start instead.
-pub(super) async fn open_store(
-    settings: &Settings,
-    datadir: &DataDir,
-) -> anyhow::Result<(Arc<rocksdb::DB>, Option<crate::rejoin::Marker>)> {
+pub(super) async fn open_store(settings: &Settings, datadir: &DataDir) -> anyhow::Result<Opened> {
     let root = datadir.root();
     let mut marker = crate::rejoin::pending(root)?;
     let open = || store::open_db_with(&datadir.db_path(), settings.write_buffer_bytes);
-    let (db, lost) = match open() {
+    // A bad frame above what the watermark says was fsynced is the torn tail of writes never
+    // synced; at or below it, damage. An unreadable watermark counts everything as synced (and
+    // is itself reported as a loss below).
+    let durable = match store::watermark::read(root) {
+        Ok(marks) => marks.map_or(0, |m| m.log_index),
+        Err(_) => u64::MAX,
+    };
+    let open_log = |db: &rocksdb::DB| store::log::open_segments(db, &datadir.log_dir(), durable);
+    let (db, log, lost) = match open() {
         Ok(db) => {
             let started = std::time::Instant::now();
-            let lost = match store::verify_tables(&db) {
+            match store::verify_tables(&db) {
                 // A table file whose blocks do not match their checksums.
                 Err(e) if e.kind() == rocksdb::ErrorKind::Corruption => {
-                    Some(format!("a table file fails its checks: {e}"))
+                    let what = format!("a table file fails its checks: {e}");
+                    (Some(db), None, Some(what))
                 }
                 // A read error says the disk failed, not what is on it.
                 Err(e) => anyhow::bail!(
@@ -55,18 +69,31 @@ pub(super) async fn open_store(
                         millis = started.elapsed().as_millis() as u64,
                         "every table file's checksums verified"
                     );
-                    match &marker {
-                        // Already rejoining: what the store holds is what it caught up since.
-                        Some(_) => None,
-                        None => find_loss(settings, root, &db).await,
+                    match open_log(&db) {
+                        // What the log holds is not what was written and synced.
+                        Err(e @ store::segments::SegmentError::Damaged { .. }) => (
+                            Some(db),
+                            None,
+                            Some(format!("its Raft log fails its checks: {e}")),
+                        ),
+                        // A full disk, permissions: nothing says the data is bad.
+                        Err(e) => anyhow::bail!("cannot open the Raft log: {e}"),
+                        Ok(log) => {
+                            let lost = match &marker {
+                                // Already rejoining: what the store holds is what it caught up
+                                // since.
+                                Some(_) => None,
+                                None => find_loss(settings, root, &db, &log).await,
+                            };
+                            (Some(db), Some(log), lost)
+                        }
                     }
                 }
-            };
-            (Some(db), lost)
+            }
         }
         // What RocksDB found on disk is not what it wrote: checksums, sizes, missing files.
         Err(e) if e.kind() == rocksdb::ErrorKind::Corruption => {
-            (None, Some(format!("RocksDB refuses to open it: {e}")))
+            (None, None, Some(format!("RocksDB refuses to open it: {e}")))
         }
         // A full disk, permissions, a missing mount: nothing says the data is bad.
         Err(e) => anyhow::bail!(
@@ -74,12 +101,10 @@ pub(super) async fn open_store(
             datadir.db_path().display()
         ),
     };
-    let db = match lost {
-        None => match db {
-            Some(db) => db,
-            None => open()?,
-        },
-        Some(what) => {
+    let (db, log) = match (lost, db, log) {
+        (None, Some(db), Some(log)) => (db, log),
+        (None, _, _) => anyhow::bail!("the store opened without a database or log"),
+        (Some(what), db, log) => {
             let message = damaged_message(settings, &what);
             if !settings.peers.keys().any(|id| *id != settings.id) {
                 anyhow::bail!(
@@ -88,11 +113,13 @@ pub(super) async fn open_store(
                 );
             }
             // An empty store (a wiped directory) has nothing worth keeping.
-            let empty = db.as_deref().is_some_and(|db| {
-                store::log::stored_marks(db).is_ok_and(|m| m == store::watermark::Marks::default())
-            });
+            let empty = match (&db, &log) {
+                (Some(db), Some(log)) => store::log::stored_marks(db, log)
+                    .is_ok_and(|m| m == store::watermark::Marks::default()),
+                _ => false,
+            };
             tracing::error!("{message}; rejoining as a learner");
-            drop(db);
+            drop((db, log));
             let kept = match empty {
                 true => None,
                 false => datadir.set_aside().with_context(|| {
@@ -109,7 +136,9 @@ pub(super) async fn open_store(
             };
             crate::rejoin::record(root, &m)?;
             marker = Some(m);
-            open()?
+            let db = open()?;
+            let log = open_log(&db)?;
+            (db, log)
         }
     };
     if let Some(m) = &mut marker {
@@ -125,7 +154,11 @@ pub(super) async fn open_store(
         let vote = crate::raft::Vote::new_committed(grant.term, grant.leader_id);
         store::log::adopt_vote(&db, &vote)?;
     }
-    Ok((db, marker))
+    Ok(Opened {
+        db,
+        log,
+        rejoining: marker,
+    })
 }
 
 /// Whether the store lost data this node had on disk or had acknowledged: `Some(what)` when it
@@ -138,8 +171,9 @@ async fn find_loss(
     settings: &Settings,
     root: &std::path::Path,
     db: &rocksdb::DB,
+    log: &store::segments::SegmentLog,
 ) -> Option<String> {
-    let found = match store::log::stored_marks(db) {
+    let found = match store::log::stored_marks(db, log) {
         Ok(found) => found,
         Err(e) => return Some(format!("its Raft state cannot be read: {e}")),
     };

@@ -14,14 +14,15 @@ use serde::{Deserialize, Serialize};
 
 const IDENTITY_FILE: &str = "IDENTITY";
 const LOCK_FILE: &str = "LOCK";
-/// Layout version of the data directory. 4: a subscription's leases and pending redeliveries
+/// Layout version of the data directory. 5: the Raft log's entries are in segment files of
+/// their own (`log/`, `store::segments`), no longer in RocksDB's `log` family. 4: a subscription's leases and pending redeliveries
 /// are stored one key each beside it (`store::subs`). 3: every stored value carries a format
 /// byte (`store::values`). 2: topics, subscriptions and producers are stored behind a format byte,
 /// with report counters (1 had neither; no release wrote it).
-pub const FORMAT_VERSION: u32 = 4;
+pub const FORMAT_VERSION: u32 = 5;
 /// The oldest layout this raftq upgrades: its `IDENTITY` is rewritten at once, before the
-/// database is opened (which upgrades the values, and the state machine's opening splits the
-/// subscriptions), so an older raftq refuses the directory from then on instead of misreading
+/// database is opened (which upgrades the values; then the log's entries move into segment
+/// files, and the state machine's opening splits the subscriptions), so an older raftq refuses the directory from then on instead of misreading
 /// it.
 const OLDEST_UPGRADABLE: u32 = 2;
 
@@ -183,17 +184,22 @@ impl DataDir {
         self.root.join("db")
     }
 
+    /// Where the Raft log's segment files live.
+    pub fn log_dir(&self) -> PathBuf {
+        self.root.join("log")
+    }
+
     /// Where snapshot files live.
     pub fn snapshot_dir(&self) -> PathBuf {
         self.root.join("snapshots")
     }
 
-    /// Moves the node's store (the database, snapshots and watermark) aside into
+    /// Moves the node's store (the database, the log, snapshots and watermark) aside into
     /// `damaged-<ms since the epoch>/`, durably, so the node can start again from an empty one
     /// while the damaged store is kept for inspection. The database must be closed. Returns
     /// where it went (`None` when there was nothing to move).
     pub fn set_aside(&self) -> std::io::Result<Option<PathBuf>> {
-        let parts = ["db", "snapshots", super::watermark::FILE];
+        let parts = ["db", "log", "snapshots", super::watermark::FILE];
         if !parts.iter().any(|p| self.root.join(p).exists()) {
             return Ok(None);
         }
@@ -297,13 +303,13 @@ mod tests {
         );
     }
 
-    /// A format 2 or 3 directory opens and is format 4 from then on; format 1, which no
+    /// A format 2, 3 or 4 directory opens and is format 5 from then on; format 1, which no
     /// release wrote, is refused.
     #[test]
-    fn format_2_and_3_directories_are_upgraded_and_format_1_refused() {
+    fn format_2_to_4_directories_are_upgraded_and_format_1_refused() {
         let identity =
             |format: u32| format!("cluster_id = \"c\"\nnode_id = 1\nformat = {format}\n");
-        for format in [2, 3] {
+        for format in [2, 3, 4] {
             let tmp = tempfile::tempdir().unwrap();
             fs::write(tmp.path().join("IDENTITY"), identity(format)).unwrap();
             drop(DataDir::open(tmp.path(), "c", 1).unwrap());
@@ -311,7 +317,7 @@ mod tests {
                 toml::from_str(&fs::read_to_string(tmp.path().join("IDENTITY")).unwrap()).unwrap();
             assert_eq!(found.format, FORMAT_VERSION);
         }
-        assert_eq!(FORMAT_VERSION, 4);
+        assert_eq!(FORMAT_VERSION, 5);
 
         let old = tempfile::tempdir().unwrap();
         fs::write(old.path().join("IDENTITY"), identity(1)).unwrap();

@@ -220,20 +220,36 @@ fn capture() {
     .expect("open the node's database read-only");
     let have = std::fs::read_to_string(fixture()).unwrap_or_default();
     let mut found: BTreeMap<String, Vec<Vec<u8>>> = BTreeMap::new();
+    let mut consider = |cf: &str, key: &[u8], value: &[u8]| {
+        let Some(kind) = kind_of(cf, key, value) else {
+            return;
+        };
+        if have.lines().any(|l| l.starts_with(&format!("{kind} "))) {
+            return;
+        }
+        let seen = found.entry(kind).or_default();
+        if seen.len() < 4 {
+            seen.push(value.to_vec());
+        }
+    };
     for cf in [CF_LOG, CF_RAFT, CF_SM] {
         let handle = db.cf_handle(cf).expect("column family");
         for item in db.iterator_cf(handle, rocksdb::IteratorMode::Start) {
             let (key, value) = item.expect("read");
-            let Some(kind) = kind_of(cf, &key, &value) else {
-                continue;
-            };
-            if have.lines().any(|l| l.starts_with(&format!("{kind} "))) {
-                continue;
-            }
-            let seen = found.entry(kind).or_default();
-            if seen.len() < 4 {
-                seen.push(value.to_vec());
-            }
+            consider(cf, &key, &value);
+        }
+    }
+    // Since data directory format 5 the log's entries are in segment files.
+    let (segments, _) = super::segments::SegmentLog::open(
+        &Path::new(&dir).join("log"),
+        u64::MAX,
+        super::segments::DEFAULT_SEGMENT_BYTES,
+    )
+    .expect("open the node's log");
+    if let (Some(first), Some(last)) = (segments.first_index(), segments.last_index()) {
+        for index in first..=last {
+            let value = segments.read(index).expect("read").expect("an entry");
+            consider(CF_LOG, &index.to_be_bytes(), &value);
         }
     }
     let mut out = have;

@@ -1,29 +1,42 @@
-//! The Raft log and Raft metadata on RocksDB.
+//! The Raft log in segment files ([`super::segments`]) and the Raft metadata on RocksDB.
 //!
-//! Durability rules (DESIGN.md): an append is reported flushed only after the write-ahead log
-//! holding it is fsynced; the vote is saved with sync before `save_vote` returns; the last
-//! purged log id is written in the same synced batch that deletes the entries it covers, so a
-//! crash can never leave a hole between "purged" and "present".
+//! Durability rules (DESIGN.md): an append is reported flushed only after the segment holding
+//! it is fdatasynced; the vote is saved with sync before `save_vote` returns; the last purged
+//! log id is recorded, synced, before the segments it covers are removed, so a crash can never
+//! leave a hole between "purged" and "present" (entries left at or below it are removed at the
+//! next start). A truncation is durable before it returns.
 //!
-//! Appends are asynchronous, as openraft 0.10 allows: `append` writes the entries (readable at
-//! once, not yet durable) and returns; the flusher thread fsyncs the WAL and only then reports
-//! them flushed. Meanwhile the leader already replicates them, so its own fsync overlaps the
-//! followers'. Every append queued while an fsync runs shares the next one (group commit).
-//! Writes are issued in the order openraft gives them, one at a time. Unsynced writes (appends,
-//! the committed id) run inline, a copy into the memtable and the page cache; synced ones (the
-//! vote, truncation, purge) run on the blocking pool.
+//! Appends are asynchronous, as openraft 0.10 allows: `append` makes the entries readable from
+//! memory ([`Recent`]) and hands them to the log thread, which writes them to the current
+//! segment, fdatasyncs it and only then reports them flushed. Meanwhile the leader already
+//! replicates them, so its own fsync overlaps the followers'. Every append queued while an
+//! fsync runs shares the next one (group commit). The log thread is the only writer of the
+//! files; truncations and purges go through its queue too, behind the appends handed over
+//! before them, and are waited for.
+//!
+//! The state machine must never make state durable ahead of the local log (its applies skip
+//! RocksDB's WAL and reach disk when a memtable is flushed): [`LogStore::durable`] is how far
+//! the local log is fsynced, and apply waits for it (`StateMachineStore::apply`).
+//!
+//! The vote, the committed id and the last purged id stay in RocksDB's `raft` family.
 
+use std::collections::VecDeque;
 use std::fmt::Debug;
+use std::fs;
 use std::ops::{Bound, RangeBounds};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 
 use openraft::entry::RaftEntry;
 use openraft::storage::{IOFlushed, LogState, RaftLogStorage};
 use openraft::vote::RaftLeaderId as _;
 use openraft::{OptionalSend, RaftLogReader};
-use rocksdb::{Direction, IteratorMode, WriteBatch, DB};
+use rocksdb::{IteratorMode, WriteBatch, DB};
+use tokio::sync::watch;
 
+use super::datadir::sync_dir;
+use super::segments::{SegmentError, SegmentLog, DEFAULT_SEGMENT_BYTES};
 use super::watermark::{Marks, Watermark};
 use super::{keys, values, CF_LOG, CF_RAFT};
 use crate::codec;
@@ -32,10 +45,89 @@ use crate::raft::{to_io, Entry, LogId, StorageResult, TypeConfig, Vote};
 /// Version byte in front of every stored log entry.
 const ENTRY_FORMAT: u8 = 1;
 
+/// The log's entries, shared by the store's clones and the flusher thread.
+type Segments = Arc<Mutex<SegmentLog>>;
+
+/// Bytes of the newest entries kept decoded in memory.
+const RECENT_BYTES: usize = 16 << 20;
+
+/// The newest entries, decoded: every entry not yet written to the files, and as many written
+/// ones as fit in [`RECENT_BYTES`] of their encoded size. Replication and apply read them
+/// without a file read, a checksum or a decode. Empty, or ending with the log's last entry:
+/// appends add to it, truncations and purges cut it with the log.
+#[derive(Default)]
+struct Recent {
+    entries: VecDeque<(Entry, usize)>,
+    bytes: usize,
+}
+
+impl Recent {
+    fn first_index(&self) -> Option<u64> {
+        self.entries.front().map(|(e, _)| e.index())
+    }
+
+    /// Adds `entry`, and lets go of the oldest entries over the size bound that are written
+    /// (at or below `written`).
+    fn push(&mut self, entry: Entry, size: usize, written: u64) {
+        self.bytes += size;
+        self.entries.push_back((entry, size));
+        while self.bytes > RECENT_BYTES
+            && self
+                .entries
+                .front()
+                .is_some_and(|(e, _)| e.index() <= written)
+        {
+            if let Some((_, size)) = self.entries.pop_front() {
+                self.bytes -= size;
+            }
+        }
+    }
+
+    fn last_id(&self) -> Option<LogId> {
+        self.entries.back().map(|(e, _)| e.log_id())
+    }
+
+    /// Keeps the entries before `index` only.
+    fn truncate_from(&mut self, index: u64) {
+        while self.entries.back().is_some_and(|(e, _)| e.index() >= index) {
+            if let Some((_, size)) = self.entries.pop_back() {
+                self.bytes -= size;
+            }
+        }
+    }
+
+    /// Drops the entries at or below `index`.
+    fn purge_to(&mut self, index: u64) {
+        while self
+            .entries
+            .front()
+            .is_some_and(|(e, _)| e.index() <= index)
+        {
+            if let Some((_, size)) = self.entries.pop_front() {
+                self.bytes -= size;
+            }
+        }
+    }
+}
+
+fn lock(segments: &Segments) -> MutexGuard<'_, SegmentLog> {
+    segments.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// The log store. Cheap to clone: replication tasks read through clones.
 #[derive(Clone)]
 pub struct LogStore {
     db: Arc<DB>,
+    segments: Segments,
+    /// The newest entries, decoded.
+    recent: Arc<Mutex<Recent>>,
+    /// The last index the log thread wrote to the files.
+    written: Arc<AtomicU64>,
+    /// How far the local log is fsynced, for apply to wait on.
+    durable: Arc<Durable>,
+    /// The first index a read may return: the one after the last purged (entries at or below
+    /// it may stay in a segment that also holds later ones, and are never read).
+    first_readable: Arc<AtomicU64>,
     /// The highest committed index this node knows of, for status and readiness.
     committed: Arc<AtomicU64>,
     /// Appends written but not yet reported flushed, in order, to the flusher thread.
@@ -44,22 +136,111 @@ pub struct LogStore {
     watermark: Option<Arc<Watermark>>,
 }
 
-/// One append waiting for the WAL fsync.
-struct Queued {
-    /// openraft's callback (`None` when it was told early: the negative control build).
-    callback: Option<IOFlushed<TypeConfig>>,
-    /// When it was written.
-    written: std::time::Instant,
-    /// Its last log index, and the watermark's truncation epoch when it was written.
-    last_index: u64,
-    epoch: u64,
+/// The highest log index known fsynced on this node, lowered by a truncation. Appends carry
+/// the truncation epoch they were written in. A flush reported for an earlier epoch counts only
+/// up to the lowest index kept by the truncations since: the entries above it were replaced, and
+/// those put in their place are not durable because their predecessors at the same indexes were.
+struct Durable {
+    at: Mutex<DurableAt>,
+    tx: watch::Sender<u64>,
 }
 
-/// The flusher thread and the queue to it. Dropping the last handle closes the queue and
-/// waits for the thread to end, so the thread's hold on the database ends before the drop
-/// returns: no thread is left closing RocksDB while the process exits.
+struct DurableAt {
+    index: u64,
+    epoch: u64,
+    /// The index each recent truncation kept, by the epoch it began (the last few only: a
+    /// report older than all of them is not counted).
+    kept: VecDeque<(u64, u64)>,
+}
+
+/// How many truncations [`Durable`] remembers.
+const TRUNCATIONS_KEPT: usize = 16;
+
+impl Durable {
+    fn new(index: u64) -> Durable {
+        Durable {
+            at: Mutex::new(DurableAt {
+                index,
+                epoch: 0,
+                kept: VecDeque::new(),
+            }),
+            tx: watch::Sender::new(index),
+        }
+    }
+
+    fn at(&self) -> MutexGuard<'_, DurableAt> {
+        self.at.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn epoch(&self) -> u64 {
+        self.at().epoch
+    }
+
+    fn flushed(&self, index: u64, epoch: u64) {
+        let mut at = self.at();
+        let counted = if epoch == at.epoch {
+            Some(index)
+        } else if at
+            .kept
+            .front()
+            .is_some_and(|(began, _)| *began <= epoch + 1)
+        {
+            at.kept
+                .iter()
+                .filter(|(began, _)| *began > epoch)
+                .map(|(_, kept)| *kept)
+                .min()
+                .map(|kept| kept.min(index))
+        } else {
+            None
+        };
+        if let Some(index) = counted.filter(|i| *i > at.index) {
+            at.index = index;
+            self.tx.send_replace(index);
+        }
+    }
+
+    fn truncating(&self, keep: u64) {
+        let mut at = self.at();
+        at.epoch += 1;
+        let began = at.epoch;
+        at.kept.push_back((began, keep));
+        if at.kept.len() > TRUNCATIONS_KEPT {
+            at.kept.pop_front();
+        }
+        at.index = at.index.min(keep);
+        self.tx.send_replace(at.index);
+    }
+}
+
+/// One append: its entries' frames to write, then the fsync to wait for.
+struct Queued {
+    /// The entries, encoded.
+    entries: Vec<(u64, Vec<u8>)>,
+    /// openraft's callback (`None` when it was told early: the negative control build).
+    callback: Option<IOFlushed<TypeConfig>>,
+    /// When it was handed over.
+    written: std::time::Instant,
+    /// Its last log index, and the truncation epochs (the watermark's, the log's) when it was
+    /// handed over.
+    last_index: u64,
+    epoch: u64,
+    log_epoch: u64,
+}
+
+/// What the log thread does, in the order the store hands it over.
+enum Op {
+    Append(Queued),
+    /// Removes the entries from this index on, durably.
+    Truncate(u64, tokio::sync::oneshot::Sender<StorageResult<()>>),
+    /// Removes the whole segments at or below this index.
+    Purge(u64, tokio::sync::oneshot::Sender<StorageResult<()>>),
+}
+
+/// The log thread and the queue to it. Dropping the last handle closes the queue and waits for
+/// the thread to end, so every append queued is written and synced before the drop returns.
 struct Flusher {
-    tx: Option<mpsc::Sender<Queued>>,
+    tx: Option<mpsc::Sender<Op>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -73,32 +254,141 @@ impl Drop for Flusher {
     }
 }
 
-/// The flusher thread: waits for an append, takes every other append queued behind it, fsyncs
-/// the WAL once and reports all of them (to openraft, and to the watermark). It ends when the
-/// last `LogStore` clone is dropped.
-fn run_flusher(db: Arc<DB>, rx: mpsc::Receiver<Queued>, watermark: Option<Arc<Watermark>>) {
-    let fsync_seconds = metrics::histogram!("raftq_log_fsync_seconds");
-    let append_seconds = metrics::histogram!("raftq_log_append_seconds");
-    let fsyncs = metrics::counter!("raftq_log_fsyncs_total");
+/// The log thread: the only writer of the segment files. It takes every operation queued,
+/// writes the appends' frames, fdatasyncs the segment once (outside the segment log's lock, so
+/// reads of older entries go on) and reports every append (to openraft, to the watermark, to
+/// apply); a truncation or a purge first syncs and reports the appends queued before it. The
+/// store's caller never waits for a file write: an entry is readable from memory
+/// ([`Recent`]) from the moment it is handed over, and where a running fsync holds up writes
+/// to its file (FUSE does), only this thread waits. After a failed write or sync every later
+/// operation fails too: the kernel may have dropped the pages that failed, and a later sync that
+/// succeeds would not bring them back. It ends when the last `LogStore` clone is dropped.
+fn run_flusher(
+    segments: Segments,
+    rx: mpsc::Receiver<Op>,
+    watermark: Option<Arc<Watermark>>,
+    durable: Arc<Durable>,
+    written: Arc<AtomicU64>,
+) {
+    let mut thread = LogThread {
+        segments,
+        watermark,
+        durable,
+        written,
+        failed: None,
+        waiting: Vec::new(),
+        fsync_seconds: metrics::histogram!("raftq_log_fsync_seconds"),
+        append_seconds: metrics::histogram!("raftq_log_append_seconds"),
+        fsyncs: metrics::counter!("raftq_log_fsyncs_total"),
+    };
     while let Ok(first) = rx.recv() {
         if cfg!(feature = "negative-control-unsafe-early-flush") {
             // The negative control fsyncs on a timer, like a broker that flushes now and then;
             // it has told openraft "flushed" already (see `append`).
             std::thread::sleep(NEGATIVE_CONTROL_FSYNC_EVERY);
         }
-        let mut waiting = vec![first];
-        waiting.extend(rx.try_iter());
-        // Syncs the WAL files up to everything written so far, which includes every append
-        // in `waiting`: each was written before it was queued.
+        for op in std::iter::once(first).chain(rx.try_iter()) {
+            match op {
+                Op::Append(q) => thread.write(q),
+                Op::Truncate(from, done) => {
+                    thread.sync_and_report();
+                    let result = thread.on_segments(|log| log.truncate_from(from));
+                    thread
+                        .written
+                        .fetch_min(from.saturating_sub(1), Ordering::SeqCst);
+                    let _ = done.send(result);
+                }
+                Op::Purge(index, done) => {
+                    thread.sync_and_report();
+                    let result = thread.on_segments(|log| log.purge_to(index).map(drop));
+                    let _ = done.send(result);
+                }
+            }
+        }
+        thread.sync_and_report();
+    }
+}
+
+struct LogThread {
+    segments: Segments,
+    watermark: Option<Arc<Watermark>>,
+    durable: Arc<Durable>,
+    /// The last index written to the files (entries above it are in memory only).
+    written: Arc<AtomicU64>,
+    failed: Option<String>,
+    /// Appends written, waiting for the sync.
+    waiting: Vec<Queued>,
+    fsync_seconds: metrics::Histogram,
+    append_seconds: metrics::Histogram,
+    fsyncs: metrics::Counter,
+}
+
+impl LogThread {
+    fn fail(&mut self, e: String) -> String {
+        if self.failed.is_none() {
+            tracing::error!("{e}; every later log write fails");
+            self.failed = Some(e.clone());
+        }
+        e
+    }
+
+    fn on_segments(
+        &mut self,
+        f: impl FnOnce(&mut SegmentLog) -> Result<(), SegmentError>,
+    ) -> StorageResult<()> {
+        if let Some(e) = &self.failed {
+            return Err(to_io(e));
+        }
+        let result = f(&mut lock(&self.segments)).map_err(|e| e.to_string());
+        result.map_err(|e| to_io(self.fail(e)))
+    }
+
+    fn write(&mut self, mut q: Queued) {
+        let entries = std::mem::take(&mut q.entries);
+        let last = q.last_index;
+        let result = self.on_segments(|log| {
+            entries
+                .iter()
+                .try_for_each(|(index, bytes)| log.append(*index, bytes))
+        });
+        if result.is_ok() {
+            self.written.store(last, Ordering::SeqCst);
+        }
+        self.waiting.push(q);
+    }
+
+    /// Syncs what was written and reports every append waiting for it.
+    fn sync_and_report(&mut self) {
+        if self.waiting.is_empty() {
+            return;
+        }
         let started = std::time::Instant::now();
-        let result = db.flush_wal(true).map_err(|e| e.to_string());
+        let result = match &self.failed {
+            Some(e) => Err(e.clone()),
+            None => {
+                // Every append waiting was written before this, so the segment to sync taken
+                // now covers all of them (earlier segments were synced when the next began).
+                let target = lock(&self.segments).unsynced();
+                match target {
+                    None => Ok(()),
+                    Some((file, path)) => file.sync_data().map_err(|e| {
+                        self.fail(format!("syncing the log segment {}: {e}", path.display()))
+                    }),
+                }
+            }
+        };
         let done = std::time::Instant::now();
-        fsync_seconds.record(done.duration_since(started).as_secs_f64());
-        fsyncs.increment(1);
-        for q in waiting {
-            append_seconds.record(done.duration_since(q.written).as_secs_f64());
-            if let (Ok(()), Some(w)) = (&result, &watermark) {
-                w.flushed(q.last_index, q.epoch);
+        self.fsync_seconds
+            .record(done.duration_since(started).as_secs_f64());
+        self.fsyncs.increment(1);
+        for q in self.waiting.drain(..) {
+            self.append_seconds
+                .record(done.duration_since(q.written).as_secs_f64());
+            if result.is_ok() {
+                if let Some(w) = &self.watermark {
+                    w.flushed(q.last_index, q.epoch);
+                }
+                self.durable.flushed(q.last_index, q.log_epoch);
             }
             if let Some(callback) = q.callback {
                 callback.io_completed(result.clone().map_err(to_io));
@@ -109,10 +399,6 @@ fn run_flusher(db: Arc<DB>, rx: mpsc::Receiver<Queued>, watermark: Option<Arc<Wa
 
 /// How often the negative control build fsyncs its log (it acknowledges before that).
 const NEGATIVE_CONTROL_FSYNC_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
-
-fn index_key(index: u64) -> [u8; 8] {
-    index.to_be_bytes()
-}
 
 fn parse_index(key: &[u8]) -> StorageResult<u64> {
     let bytes: [u8; 8] = key
@@ -139,35 +425,126 @@ pub(crate) fn decode_entry(bytes: &[u8]) -> StorageResult<Entry> {
     }
 }
 
-/// What a store holds, to compare with its watermark: the last log index (of an entry, or
-/// the last purged one when the log is empty behind a snapshot) and the vote's term.
-pub fn stored_marks(db: &DB) -> StorageResult<Marks> {
-    let raft = db
+fn get_meta<T: serde::de::DeserializeOwned>(db: &DB, key: &[u8]) -> StorageResult<Option<T>> {
+    let cf = db
         .cf_handle(CF_RAFT)
         .ok_or_else(|| to_io("column family raft missing"))?;
-    let meta =
-        |key: &[u8]| -> StorageResult<Option<Vec<u8>>> { db.get_cf(raft, key).map_err(to_io) };
-    // Stored as a plain log id by `purge` (and by a restore), absent before the first purge.
-    let last_purged: Option<LogId> = match meta(keys::LAST_PURGED)? {
-        Some(b) => {
-            Some(values::decode(&b).map_err(|e| to_io(format!("corrupt last purged id: {e}")))?)
-        }
-        None => None,
+    match db.get_cf(cf, key).map_err(to_io)? {
+        None => Ok(None),
+        Some(bytes) => values::decode(&bytes)
+            .map(Some)
+            .map_err(|e| to_io(format!("corrupt raft metadata {key:?}: {e}"))),
+    }
+}
+
+/// Opens the node's log in `dir` (see [`SegmentLog::open`]; `durable` is the highest index the
+/// watermark says was fsynced), after moving the entries of a data directory of format 4 or
+/// older out of RocksDB's `log` family ([`move_log_family`]).
+pub fn open_segments(db: &DB, dir: &Path, durable: u64) -> Result<SegmentLog, SegmentError> {
+    let moved = move_log_family(db, dir)?;
+    if moved > 0 {
+        tracing::info!(
+            entries = moved,
+            "the Raft log moved from the database into segment files (data directory format 5)"
+        );
+    }
+    let (log, recovery) = SegmentLog::open(dir, durable, DEFAULT_SEGMENT_BYTES)?;
+    if recovery.cut_bytes > 0 {
+        tracing::warn!(
+            bytes = recovery.cut_bytes,
+            "cut the torn tail of the log (writes never synced)"
+        );
+    }
+    tracing::info!(
+        segments = recovery.segments,
+        entries = recovery.entries,
+        "log segments checked"
+    );
+    Ok(log)
+}
+
+/// The upgrade to data directory format 5: copies the Raft log's entries from RocksDB's `log`
+/// family into segment files in `dir`, then removes them from the family. Returns how many
+/// entries moved (none when the family is empty, as it always is once upgraded).
+///
+/// Crash-safe at every step: the segments are written in a directory beside `dir`, synced, and
+/// renamed into place; the family's entries are removed, synced, only after that. The family is
+/// the source until it is empty, so a family that still holds entries means an upgrade that did
+/// not finish: whatever `dir` holds then is a copy and is made again.
+pub fn move_log_family(db: &DB, dir: &Path) -> Result<u64, SegmentError> {
+    let db_err = |e: rocksdb::Error| SegmentError::Io {
+        path: dir.to_path_buf(),
+        source: std::io::Error::other(e.to_string()),
     };
-    let vote: Option<Vote> = match meta(keys::VOTE)? {
-        Some(b) => Some(values::decode(&b).map_err(|e| to_io(format!("corrupt vote: {e}")))?),
-        None => None,
+    let io = |source: std::io::Error| SegmentError::Io {
+        path: dir.to_path_buf(),
+        source,
     };
-    let log = db
+    let cf = db
         .cf_handle(CF_LOG)
-        .ok_or_else(|| to_io("column family log missing"))?;
-    let last_entry = match db.iterator_cf(log, IteratorMode::End).next() {
-        None => None,
-        Some(Err(e)) => return Err(to_io(e)),
-        Some(Ok((k, _))) => Some(parse_index(&k)?),
-    };
+        .ok_or_else(|| io(std::io::Error::other("column family log missing")))?;
+    if db.iterator_cf(cf, IteratorMode::Start).next().is_none() {
+        return Ok(0);
+    }
+    let staging = dir.with_extension("upgrade");
+    for leftover in [&staging, &dir.to_path_buf()] {
+        if leftover.exists() {
+            fs::remove_dir_all(leftover).map_err(io)?;
+        }
+    }
+    let (mut log, _) = SegmentLog::open(&staging, u64::MAX, DEFAULT_SEGMENT_BYTES)?;
+    let mut moved = 0u64;
+    for item in db.iterator_cf(cf, IteratorMode::Start) {
+        let (key, value) = item.map_err(db_err)?;
+        let index = parse_index(&key).map_err(io)?;
+        // Checked as the log would be read: a damaged entry fails the upgrade, not a later read.
+        let entry = decode_entry(&value).map_err(io)?;
+        if entry.index() != index {
+            return Err(io(to_io(format!(
+                "log key {index} holds entry {}",
+                entry.log_id()
+            ))));
+        }
+        log.append(index, &value)?;
+        moved += 1;
+    }
+    log.sync()?;
+    drop(log);
+    fs::rename(&staging, dir).map_err(io)?;
+    if let Some(parent) = dir.parent() {
+        sync_dir(parent).map_err(io)?;
+    }
+    let mut batch = WriteBatch::default();
+    batch.delete_range_cf(cf, [0u8; 8], [0xffu8; 8]);
+    batch.delete_cf(cf, [0xffu8; 8]);
+    db.write_opt(batch, &super::write_options(true))
+        .map_err(db_err)?;
+    db.compact_range_cf(cf, None::<&[u8]>, None::<&[u8]>);
+    Ok(moved)
+}
+
+/// What a store holds, to compare with its watermark: the last log index (of an entry, or
+/// the last purged one when the log is empty behind a snapshot) and the vote's term. A log
+/// that starts after the entry following the last purged one has lost entries: an error.
+pub fn stored_marks(db: &DB, log: &SegmentLog) -> StorageResult<Marks> {
+    // Stored as a plain log id by `purge` (and by a restore), absent before the first purge.
+    let last_purged: Option<LogId> = get_meta(db, keys::LAST_PURGED)?;
+    let vote: Option<Vote> = get_meta(db, keys::VOTE)?;
+    let purged = last_purged.map(|l| l.index);
+    let last_entry = log.last_index().filter(|last| purged < Some(*last));
+    if let (Some(first), Some(_)) = (log.first_index(), last_entry) {
+        // Entries start at index 0 or 1 when nothing was purged.
+        let expected = purged.map_or(1, |p| p + 1);
+        if first > expected {
+            return Err(to_io(format!(
+                "the log starts at index {first}, but the entries before it were never purged \
+                 (the last purged index is {})",
+                purged.map_or("none".to_string(), |p| p.to_string())
+            )));
+        }
+    }
     Ok(Marks {
-        log_index: last_entry.or(last_purged.map(|l| l.index)).unwrap_or(0),
+        log_index: last_entry.or(purged).unwrap_or(0),
         vote_term: vote.map_or(0, |v| v.leader_id().term()),
     })
 }
@@ -193,26 +570,59 @@ pub fn adopt_vote(db: &DB, vote: &Vote) -> StorageResult<()> {
 }
 
 impl LogStore {
-    /// Opens the log store on `db` and starts its flusher thread.
-    pub fn new(db: Arc<DB>) -> std::io::Result<Self> {
-        Self::start(db, None)
+    /// Opens the log store on `db` (the Raft metadata) and `log` (the entries) and starts its
+    /// flusher thread.
+    pub fn new(db: Arc<DB>, log: SegmentLog) -> std::io::Result<Self> {
+        Self::start(db, log, None)
     }
 
     /// [`new`](Self::new), keeping `watermark` up to date with every fsync, vote and
     /// truncation.
-    pub fn with_watermark(db: Arc<DB>, watermark: Arc<Watermark>) -> std::io::Result<Self> {
-        Self::start(db, Some(watermark))
+    pub fn with_watermark(
+        db: Arc<DB>,
+        log: SegmentLog,
+        watermark: Arc<Watermark>,
+    ) -> std::io::Result<Self> {
+        Self::start(db, log, Some(watermark))
     }
 
-    fn start(db: Arc<DB>, watermark: Option<Arc<Watermark>>) -> std::io::Result<Self> {
+    fn start(
+        db: Arc<DB>,
+        mut log: SegmentLog,
+        watermark: Option<Arc<Watermark>>,
+    ) -> std::io::Result<Self> {
+        let last_purged: Option<LogId> = get_meta(&db, keys::LAST_PURGED)?;
+        if let Some(purged) = last_purged {
+            // Finishes a purge a crash interrupted: it was recorded before its segments went.
+            log.purge_to(purged.index).map_err(to_io)?;
+        }
+        // Everything the log holds once open is durable (the open synced it).
+        let durable = Arc::new(Durable::new(
+            log.last_index()
+                .max(last_purged.map(|l| l.index))
+                .unwrap_or(0),
+        ));
+        let written = Arc::new(AtomicU64::new(log.last_index().unwrap_or(0)));
+        let segments = Arc::new(Mutex::new(log));
         let (tx, rx) = mpsc::channel();
-        let flush_db = db.clone();
-        let flush_watermark = watermark.clone();
         let thread = std::thread::Builder::new()
             .name("raftq-log-flush".into())
-            .spawn(move || run_flusher(flush_db, rx, flush_watermark))?;
+            .spawn({
+                let (segments, watermark, durable, written) = (
+                    segments.clone(),
+                    watermark.clone(),
+                    durable.clone(),
+                    written.clone(),
+                );
+                move || run_flusher(segments, rx, watermark, durable, written)
+            })?;
         let store = LogStore {
             db,
+            segments,
+            recent: Arc::default(),
+            written,
+            durable,
+            first_readable: Arc::new(AtomicU64::new(last_purged.map_or(0, |l| l.index + 1))),
             committed: Arc::new(AtomicU64::new(0)),
             flusher: Arc::new(Flusher {
                 tx: Some(tx),
@@ -231,6 +641,11 @@ impl LogStore {
         self.committed.clone()
     }
 
+    /// The highest log index fsynced on this node, as it moves (a truncation lowers it).
+    pub fn durable(&self) -> watch::Receiver<u64> {
+        self.durable.tx.subscribe()
+    }
+
     fn cf(&self, name: &str) -> StorageResult<&rocksdb::ColumnFamily> {
         self.db
             .cf_handle(name)
@@ -238,13 +653,35 @@ impl LogStore {
     }
 
     fn get_meta<T: serde::de::DeserializeOwned>(&self, key: &[u8]) -> StorageResult<Option<T>> {
-        let cf = self.cf(CF_RAFT)?;
-        match self.db.get_cf(cf, key).map_err(to_io)? {
-            None => Ok(None),
-            Some(bytes) => values::decode(&bytes)
-                .map(Some)
-                .map_err(|e| to_io(format!("corrupt raft metadata {key:?}: {e}"))),
-        }
+        get_meta(&self.db, key)
+    }
+
+    fn segments(&self) -> MutexGuard<'_, SegmentLog> {
+        lock(&self.segments)
+    }
+
+    fn recent(&self) -> MutexGuard<'_, Recent> {
+        self.recent.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn send(&self, op: Op) -> StorageResult<()> {
+        self.flusher
+            .tx
+            .as_ref()
+            .and_then(|tx| tx.send(op).ok())
+            .ok_or_else(|| to_io("the log thread has stopped"))
+    }
+
+    /// Hands `op` (a truncation or a purge) to the log thread, behind every append queued, and
+    /// waits until it is done.
+    async fn run_on_log_thread(
+        &self,
+        op: impl FnOnce(tokio::sync::oneshot::Sender<StorageResult<()>>) -> Op,
+    ) -> StorageResult<()> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.send(op(tx))?;
+        rx.await
+            .unwrap_or_else(|_| Err(to_io("the log thread stopped before it was done")))
     }
 
     /// A synced RocksDB write (the WAL fsynced before it returns), off the async runtime.
@@ -267,13 +704,19 @@ impl LogStore {
     }
 
     fn last_entry_id(&self) -> StorageResult<Option<LogId>> {
-        let cf = self.cf(CF_LOG)?;
-        let mut it = self.db.iterator_cf(cf, IteratorMode::End);
-        match it.next() {
-            None => Ok(None),
-            Some(Err(e)) => Err(to_io(e)),
-            Some(Ok((_, v))) => Ok(Some(decode_entry(&v)?.log_id())),
+        if let Some(last) = self.recent().last_id() {
+            return Ok(Some(last));
         }
+        let bytes = {
+            let log = self.segments();
+            match log.last_index() {
+                None => return Ok(None),
+                Some(last) => log.read(last).map_err(to_io)?,
+            }
+        };
+        bytes
+            .map(|b| decode_entry(&b).map(|e| e.log_id()))
+            .transpose()
     }
 }
 
@@ -287,26 +730,57 @@ impl RaftLogReader<TypeConfig> for LogStore {
             Bound::Excluded(&n) => n.saturating_add(1),
             Bound::Unbounded => 0,
         };
-        let cf = self.cf(CF_LOG)?;
-        let mut out = Vec::new();
-        for item in self.db.iterator_cf(
-            cf,
-            IteratorMode::From(&index_key(start), Direction::Forward),
-        ) {
-            let (k, v) = item.map_err(to_io)?;
-            let index = parse_index(&k)?;
-            if !range.contains(&index) {
-                break;
-            }
-            let entry = decode_entry(&v)?;
-            if entry.index() != index {
-                return Err(to_io(format!(
-                    "log key {index} holds entry {}",
-                    entry.log_id()
-                )));
-            }
-            out.push(entry);
+        let start = start.max(self.first_readable.load(Ordering::SeqCst));
+        // The newest entries from memory; what comes before them from the files.
+        let (cached_from, cached) = {
+            let recent = self.recent();
+            let from = recent.first_index().unwrap_or(u64::MAX);
+            let cached: Vec<Entry> = recent
+                .entries
+                .iter()
+                .map(|(e, _)| e)
+                .skip_while(|e| e.index() < start)
+                .take_while(|e| range.contains(&e.index()))
+                .cloned()
+                .collect();
+            (from, cached)
+        };
+        if start >= cached_from {
+            return Ok(cached);
         }
+        // The bytes are read under the lock, and decoded after it is released.
+        let found = {
+            let log = self.segments();
+            let (Some(first), Some(last)) = (log.first_index(), log.last_index()) else {
+                return Ok(cached);
+            };
+            let mut found = Vec::new();
+            for index in start.max(first)..=last.min(cached_from.saturating_sub(1)) {
+                if !range.contains(&index) {
+                    break;
+                }
+                let bytes = log
+                    .read(index)
+                    .map_err(to_io)?
+                    .ok_or_else(|| to_io(format!("log entry {index} is missing")))?;
+                found.push((index, bytes));
+            }
+            found
+        };
+        let mut out = found
+            .into_iter()
+            .map(|(index, bytes)| {
+                let entry = decode_entry(&bytes)?;
+                if entry.index() != index {
+                    return Err(to_io(format!(
+                        "log entry {index} holds entry {}",
+                        entry.log_id()
+                    )));
+                }
+                Ok(entry)
+            })
+            .collect::<StorageResult<Vec<_>>>()?;
+        out.extend(cached);
         Ok(out)
     }
 
@@ -369,116 +843,81 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I::IntoIter: OptionalSend,
     {
         let written = std::time::Instant::now();
-        let mut batch = WriteBatch::default();
-        let mut last_index = 0;
-        {
-            let cf = self.cf(CF_LOG)?;
-            for entry in entries {
-                last_index = entry.index();
-                batch.put_cf(cf, index_key(last_index), encode_entry(&entry)?);
-            }
-        }
+        let entries: Vec<Entry> = entries.into_iter().collect();
+        let encoded = entries
+            .iter()
+            .map(|entry| Ok((entry.index(), encode_entry(entry)?)))
+            .collect::<StorageResult<Vec<_>>>()?;
+        let Some(last_index) = encoded.last().map(|(index, _)| *index) else {
+            callback.io_completed(Ok(()));
+            return Ok(());
+        };
         if let Some(failure) = self.watermark.as_ref().and_then(|w| w.failure()) {
             return Err(to_io(failure));
         }
         let epoch = self.watermark.as_ref().map_or(0, |w| w.epoch());
-        // Written, and so readable for replication, before this returns; durable once the
-        // flusher has fsynced the WAL, which is when openraft hears that it is flushed.
-        self.write_unsynced(batch)?;
+        let log_epoch = self.durable.epoch();
+        // Readable from memory at once; the log thread writes it to the files, and it is
+        // durable once that thread has synced the segment, which is when openraft hears that it
+        // is flushed.
+        {
+            let written = self.written.load(Ordering::SeqCst);
+            let mut recent = self.recent();
+            for (entry, (_, bytes)) in entries.into_iter().zip(&encoded) {
+                recent.push(entry, bytes.len(), written);
+            }
+        }
         let callback = if cfg!(feature = "negative-control-unsafe-early-flush") {
-            // The negative control: "flushed" before the fsync. Acknowledged records are lost
-            // when every node loses power at once; the chaos suite must see that.
+            // The negative control: "flushed" before the fsync, and applied as if it were.
+            // Acknowledged records are lost when every node loses power at once; the chaos
+            // suite must see that.
             callback.io_completed(Ok(()));
+            self.durable.flushed(last_index, log_epoch);
             None
         } else {
             Some(callback)
         };
-        let queued = Queued {
+        self.send(Op::Append(Queued {
+            entries: encoded,
             callback,
             written,
             last_index,
             epoch,
-        };
-        self.flusher
-            .tx
-            .as_ref()
-            .and_then(|tx| tx.send(queued).ok())
-            .ok_or_else(|| to_io("the log flusher thread has stopped"))
+            log_epoch,
+        }))
     }
 
     async fn truncate_after(&mut self, last_log_id: Option<LogId>) -> StorageResult<()> {
         let from = last_log_id.map_or(0, |l| l.index + 1);
-        // The watermark first: it must never claim entries that are removed on purpose.
+        let keep = last_log_id.map_or(0, |l| l.index);
+        // The watermarks first: they must never claim entries that are removed on purpose, nor
+        // count the entries appended in their place as durable before they are synced.
         if let Some(w) = self.watermark.clone() {
-            let keep = last_log_id.map_or(0, |l| l.index);
             tokio::task::spawn_blocking(move || w.truncating(keep))
                 .await
                 .map_err(to_io)??;
         }
-        let mut batch = WriteBatch::default();
-        batch.delete_range_cf(self.cf(CF_LOG)?, index_key(from), index_key(u64::MAX));
-        // The last index (u64::MAX) is not covered by the exclusive range end; it can never be used.
-        self.write_synced(batch).await
+        self.durable.truncating(keep);
+        self.recent().truncate_from(from);
+        self.run_on_log_thread(|done| Op::Truncate(from, done))
+            .await
     }
 
     async fn purge(&mut self, log_id: LogId) -> StorageResult<()> {
+        // The purge point is recorded, synced, before any segment goes: a crash in between
+        // leaves entries at or below it, which the next start removes, never a hole.
         let mut batch = WriteBatch::default();
         let bytes = values::encode(&log_id).map_err(to_io)?;
-        // Recording the purge point and deleting what it covers in one synced batch: a crash
-        // leaves both or neither.
         batch.put_cf(self.cf(CF_RAFT)?, keys::LAST_PURGED, bytes);
-        batch.delete_range_cf(self.cf(CF_LOG)?, index_key(0), index_key(log_id.index + 1));
-        self.write_synced(batch).await
+        self.write_synced(batch).await?;
+        self.first_readable
+            .fetch_max(log_id.index + 1, Ordering::SeqCst);
+        self.recent().purge_to(log_id.index);
+        self.run_on_log_thread(|done| Op::Purge(log_id.index, done))
+            .await
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use openraft::impls::leader_id_adv::LeaderId as CommittedLeaderId;
-    use openraft::storage::RaftLogStorage;
-    use openraft::vote::RaftLeaderId;
-
-    use super::*;
-
-    fn log_id(term: u64, index: u64) -> LogId {
-        LogId::new(CommittedLeaderId::new(term, 1), index)
-    }
-
-    /// What start-up compares with the watermark: the last log index (an entry's, or the last
-    /// purged one's when the log is empty behind a snapshot) and the vote's term; and a vote
-    /// adopted for a rejoin never lowers the stored one.
-    #[tokio::test]
-    async fn stored_marks_follow_the_log_the_purge_and_the_vote() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let db = super::super::open_db(dir.path()).expect("open db");
-        assert_eq!(stored_marks(&db).expect("marks"), Marks::default());
-        let mut store = LogStore::new(db.clone()).expect("log store");
-        store
-            .save_vote(&Vote::new_committed(3, 1))
-            .await
-            .expect("vote");
-        let mut batch = WriteBatch::default();
-        let cf = db.cf_handle(CF_LOG).expect("log cf");
-        for index in 1..=5 {
-            let entry = Entry {
-                log_id: log_id(3, index),
-                payload: openraft::EntryPayload::Blank,
-            };
-            batch.put_cf(cf, index_key(index), encode_entry(&entry).expect("encode"));
-        }
-        db.write(batch).expect("write");
-        assert_eq!(
-            stored_marks(&db).expect("marks"),
-            Marks {
-                log_index: 5,
-                vote_term: 3
-            }
-        );
-        store.purge(log_id(3, 5)).await.expect("purge");
-        assert_eq!(stored_marks(&db).expect("marks").log_index, 5);
-        adopt_vote(&db, &Vote::new_committed(2, 2)).expect("adopt");
-        assert_eq!(stored_marks(&db).expect("marks").vote_term, 3);
-        adopt_vote(&db, &Vote::new_committed(7, 2)).expect("adopt");
-        assert_eq!(stored_marks(&db).expect("marks").vote_term, 7);
-    }
-}
+#[path = "log_tests.rs"]
+mod tests;

@@ -1,13 +1,17 @@
-//! Durable storage: one RocksDB instance per node with three column families.
+//! Durable storage: the Raft log in segment files of our own (`segments`, through
+//! `log::LogStore`), and one RocksDB instance per node with three column families.
 //!
-//! - `log`: Raft log entries, key = index (big-endian u64), value = encoded entry.
+//! - `log`: empty since data directory format 5 (the Raft log's entries moved to segment files;
+//!   `log::move_log_family` moves an older directory's). Kept so that older stores open.
 //! - `raft`: Raft metadata: the vote, the committed log id, the last purged log id, and the
 //!   record that every value carries a format byte (`values`).
 //! - `sm`: the state machine: topic metadata, records, applied log id, membership, clock.
 //!
-//! All three share one write-ahead log, so a WAL fsync (the log flusher's after appends, or a
-//! synced write such as the vote) also makes every earlier unsynced write (state machine
-//! applies) durable, and recovery always sees a prefix of history. Architecture invariant: nothing outside this module touches RocksDB.
+//! The state machine's applies skip RocksDB's WAL: the Raft log is its log. They reach disk when
+//! a memtable is flushed, and apply waits until the local log is fsynced up to what it applies
+//! (`sm::StateMachineStore::apply`), so the state on disk is never ahead of the log, and
+//! start-up applies again whatever the state machine had not flushed. Architecture invariant:
+//! nothing outside this module touches RocksDB or the segment files.
 
 // openraft's `StorageError` is large, and it is the error type its storage traits require.
 #![allow(clippy::result_large_err)]
@@ -52,9 +56,10 @@ pub fn write_options(sync: bool) -> WriteOptions {
 }
 
 /// Options for the state machine's apply batches: not in the WAL. The Raft log is the state
-/// machine's log: every applied entry is in it, fsynced, and start-up applies again whatever
-/// the state machine had not flushed to its table files (see `sm.rs`). So each applied byte
-/// reaches the disk when its memtable is flushed, not a second time through the WAL.
+/// machine's log: every applied entry is in it, fsynced before it is applied, and start-up
+/// applies again whatever the state machine had not flushed to its table files (see `sm.rs`).
+/// So each applied byte reaches the disk when its memtable is flushed, not a second time
+/// through the WAL.
 pub fn apply_write_options() -> WriteOptions {
     let mut w = WriteOptions::default();
     w.disable_wal(true);

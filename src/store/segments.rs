@@ -1,8 +1,7 @@
 //! Segment files: an append-only log of numbered entries in files of our own, the storage the
 //! Raft log moves to so that a record's bytes are written once per node (an append and an
-//! fdatasync) instead of through RocksDB's WAL, a memtable flush and compactions. Not yet the
-//! Raft log's storage: `LogStore` still keeps entries in the `log` column family (ARCHITECTURE.md,
-//! "The Raft log in segment files").
+//! fdatasync) instead of through RocksDB's WAL, a memtable flush and compactions. `LogStore`
+//! keeps the Raft log's entries here (ARCHITECTURE.md, "The Raft log in segment files").
 //!
 //! A directory holds segments named by their first index (`00000000000000000042.seg`). A
 //! segment is [`MAGIC`] then frames: `u32` payload length, `u32` CRC-32C of the index and the
@@ -30,8 +29,10 @@ pub const MAGIC: &[u8; 8] = b"RQSEG\x00\x00\x01";
 const FRAME_HEADER: usize = 16;
 /// Upper bound of one payload: a length above it is damage, not an allocation.
 pub const MAX_PAYLOAD: u32 = 256 << 20;
-/// Default size at which the log starts a new segment.
-pub const DEFAULT_SEGMENT_BYTES: u64 = 64 << 20;
+/// Default size at which the log starts a new segment. A purge removes whole segments, so up to
+/// one segment of purged entries stays on disk: small enough for a node's data directory to stay
+/// bounded, large enough that starting a segment (a file created, a directory fsync) is rare.
+pub const DEFAULT_SEGMENT_BYTES: u64 = 8 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SegmentError {

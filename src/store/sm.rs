@@ -408,8 +408,8 @@ impl SmShared {
         // Not in the WAL (see `apply_write_options`): a crash loses what was applied since
         // the family's last flush, and start-up applies it again from the Raft log. What a
         // flush makes durable is a consistent prefix (one batch per apply call, the applied
-        // id in it), and never ahead of the log: before it writes a table file RocksDB syncs
-        // every closed WAL, which hold the log entries the flushed applies came from.
+        // id in it), and never ahead of the log: `StateMachineStore::apply` waited until the
+        // local log was fsynced up to these entries.
         self.db
             .write_opt(batch, &super::apply_write_options())
             .map_err(to_io)?;
@@ -669,15 +669,56 @@ fn load_view(db: &DB) -> anyhow::Result<SmView> {
     Ok(view)
 }
 
-/// The openraft state machine: a handle on [`SmShared`].
+/// The openraft state machine: a handle on [`SmShared`], and on how far the local log is
+/// durable.
 #[derive(Clone)]
 pub struct StateMachineStore {
     shared: Arc<SmShared>,
+    /// The local log's fsynced index (`LogStore::durable`): apply waits until it covers the
+    /// entries it applies. `None` only for openraft's conformance suite, which applies entries
+    /// it never appended.
+    log_durable: Option<watch::Receiver<u64>>,
 }
 
 impl StateMachineStore {
-    pub fn new(shared: Arc<SmShared>) -> Self {
-        StateMachineStore { shared }
+    /// The state machine of a node whose log reports its fsynced index on `log_durable`.
+    pub fn new(shared: Arc<SmShared>, log_durable: watch::Receiver<u64>) -> Self {
+        StateMachineStore {
+            shared,
+            log_durable: Some(log_durable),
+        }
+    }
+
+    /// A state machine that applies without waiting for a log: for openraft's conformance
+    /// suite only.
+    #[cfg(test)]
+    pub fn without_log(shared: Arc<SmShared>) -> Self {
+        StateMachineStore {
+            shared,
+            log_durable: None,
+        }
+    }
+
+    /// Waits until the local log is fsynced up to `index`. Apply writes skip RocksDB's WAL and
+    /// reach the disk whenever a memtable is flushed, so state applied from an entry the local
+    /// log has not synced yet could outlive that entry in a power loss: the node would restart
+    /// with a state machine ahead of its log. Usually there is no wait: the leader's own fsync
+    /// ran beside the followers' that committed the entry.
+    async fn wait_for_log(&self, index: u64) -> StorageResult<()> {
+        let Some(durable) = &self.log_durable else {
+            return Ok(());
+        };
+        if *durable.borrow() >= index {
+            return Ok(());
+        }
+        let waited = std::time::Instant::now();
+        durable
+            .clone()
+            .wait_for(|d| *d >= index)
+            .await
+            .map_err(|_| to_io("the log stopped before the entries to apply were durable"))?;
+        metrics::histogram!("raftq_apply_log_wait_seconds").record(waited.elapsed().as_secs_f64());
+        Ok(())
     }
 
     async fn blocking<T: Send + 'static>(
@@ -697,11 +738,11 @@ fn snapshot_id_suffix() -> u64 {
         .map_or(0, |d| d.as_nanos() as u64)
 }
 
-impl StateMachineStore {
+impl SmShared {
     /// A new, empty temp file in the snapshot directory to receive a snapshot into, and its
     /// path (a leftover is removed when the node next starts).
     pub async fn begin_receiving_snapshot(&self) -> StorageResult<(SnapshotData, PathBuf)> {
-        let dir = self.shared.snapshot_dir.clone();
+        let dir = self.snapshot_dir.clone();
         tokio::fs::create_dir_all(&dir).await?;
         let path = dir.join(format!("incoming-{}.tmp", snapshot_id_suffix()));
         let file = tokio::fs::OpenOptions::new()
@@ -712,7 +753,9 @@ impl StateMachineStore {
             .await?;
         Ok((file, path))
     }
+}
 
+impl StateMachineStore {
     async fn open_snapshot(meta: snapshot::FileMeta, path: PathBuf) -> StorageResult<Snapshot> {
         let file = tokio::fs::File::open(&path).await?;
         Ok(Snapshot {
@@ -754,6 +797,9 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             let (entry, responder) = item?;
             batch.push(entry);
             responders.push(responder);
+        }
+        if let Some(last) = batch.last() {
+            self.wait_for_log(last.log_id.index).await?;
         }
         // Inline: applying is CPU work on memory plus one unsynced RocksDB write (microseconds
         // per entry), cheaper than two thread hand-offs to the blocking pool and back.

@@ -545,7 +545,7 @@ fn killed_copy(dir: &std::path::Path, to: &std::path::Path) -> Arc<SmShared> {
 /// Apply batches are not written to the WAL (the Raft log is the state machine's log): a
 /// crash takes the state machine back to its last flush, a consistent state at that applied
 /// index, and applying the lost entries again from the log gives exactly the state it had.
-/// Writes that are in the WAL (here a log entry's) survive the same crash.
+/// Writes that are in the WAL (here a Raft metadata write) survive the same crash.
 #[test]
 fn a_crash_takes_the_state_machine_back_to_its_last_flush_and_the_log_replays_the_rest() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -555,7 +555,7 @@ fn a_crash_takes_the_state_machine_back_to_its_last_flush_and_the_log_replays_th
     let at_flush = shared.view().state.clone();
     workload(&shared, 4..=6);
     let before_crash = shared.view().state.clone();
-    let log_cf = shared.db.cf_handle(crate::store::CF_LOG).expect("log cf");
+    let log_cf = shared.db.cf_handle(crate::store::CF_RAFT).expect("raft cf");
     shared
         .db
         .put_cf_opt(
@@ -567,7 +567,10 @@ fn a_crash_takes_the_state_machine_back_to_its_last_flush_and_the_log_replays_th
         .expect("a write through the WAL");
     let killed = tempfile::tempdir().expect("tempdir");
     let reopened = killed_copy(dir.path(), killed.path());
-    let log_cf = reopened.db.cf_handle(crate::store::CF_LOG).expect("log cf");
+    let log_cf = reopened
+        .db
+        .cf_handle(crate::store::CF_RAFT)
+        .expect("raft cf");
     assert_eq!(
         reopened.db.get_cf(log_cf, b"in-the-wal").expect("read"),
         Some(b"1".to_vec()),
@@ -601,4 +604,37 @@ fn a_built_snapshot_leaves_the_state_machine_durable_up_to_it() {
     let reopened = killed_copy(dir.path(), killed.path());
     assert_eq!(reopened.view().commit_point.index, 5);
     assert_eq!(reopened.view().state, want);
+}
+
+/// Apply never runs ahead of the local log's fsync (its writes skip the WAL and reach disk at
+/// the next memtable flush): while the log is durable up to index 1, applying entries 2 and 3
+/// waits and changes nothing; once the log reports 3 durable, the apply completes.
+#[tokio::test]
+async fn apply_waits_until_the_local_log_is_durable_up_to_its_entries() {
+    let (_dir, _db, shared) = fresh_node();
+    let (durable, log_durable) = watch::channel(0u64);
+    let mut store = StateMachineStore::new(shared.clone(), log_durable);
+    durable.send_replace(1);
+    let entries = [
+        entry(1, vec![create_topic_t()]),
+        entry(2, vec![publish(0)]),
+        entry(3, vec![publish(1)]),
+    ];
+    // Entry 1 is durable: it applies at once.
+    let first = futures::stream::iter(entries[..1].iter().cloned().map(|e| Ok((e, None))));
+    store.apply(first).await.expect("apply 1");
+    assert_eq!(shared.view().commit_point.index, 1);
+
+    let rest = futures::stream::iter(entries[1..].iter().cloned().map(|e| Ok((e, None))));
+    let mut apply = std::pin::pin!(store.apply(rest));
+    assert!(
+        futures::poll!(apply.as_mut()).is_pending(),
+        "applied entries the local log has not synced"
+    );
+    assert_eq!(shared.view().commit_point.index, 1);
+    durable.send_replace(2);
+    assert!(futures::poll!(apply.as_mut()).is_pending());
+    durable.send_replace(3);
+    apply.await.expect("apply 2 and 3");
+    assert_eq!(shared.view().commit_point.index, 3);
 }

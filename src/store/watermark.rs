@@ -136,6 +136,9 @@ pub struct Watermark {
     /// Bumped by every truncation: a flush reported for appends written before it must not
     /// raise the watermark (the entries it covered may be gone).
     epoch: AtomicU64,
+    /// Makes a flush's epoch check and raise one step against a truncation's bump and lowering,
+    /// without the file's lock: a flush report must never wait for the file's fsync.
+    progress: Mutex<()>,
     wake: Condvar,
     pending: Mutex<bool>,
     stop: AtomicBool,
@@ -173,6 +176,7 @@ impl Watermark {
             flushed: AtomicU64::new(current.log_index),
             slots: Mutex::new(slots),
             epoch: AtomicU64::new(0),
+            progress: Mutex::new(()),
             wake: Condvar::new(),
             pending: Mutex::new(false),
             stop: AtomicBool::new(false),
@@ -192,12 +196,13 @@ impl Watermark {
     /// Appends up to `index`, written in truncation epoch `epoch`, are fsynced: the file will
     /// say so within [`LAZY_EVERY`] (if no truncation came in between).
     pub fn flushed(&self, index: u64, epoch: u64) {
-        let _slots = self.slots();
-        if epoch != self.epoch.load(Ordering::SeqCst) {
-            return;
+        {
+            let _progress = self.progress.lock().unwrap_or_else(|p| p.into_inner());
+            if epoch != self.epoch.load(Ordering::SeqCst) {
+                return;
+            }
+            self.flushed.fetch_max(index, Ordering::SeqCst);
         }
-        self.flushed.fetch_max(index, Ordering::SeqCst);
-        drop(_slots);
         let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
         *pending = true;
         self.wake.notify_one();
@@ -207,9 +212,12 @@ impl Watermark {
     /// `index`, durably, before the truncation happens.
     pub fn truncating(&self, index: u64) -> io::Result<()> {
         let mut slots = self.slots();
-        self.epoch.fetch_add(1, Ordering::SeqCst);
-        let lowered = self.flushed.load(Ordering::SeqCst).min(index);
-        self.flushed.store(lowered, Ordering::SeqCst);
+        {
+            let _progress = self.progress.lock().unwrap_or_else(|p| p.into_inner());
+            self.epoch.fetch_add(1, Ordering::SeqCst);
+            let lowered = self.flushed.load(Ordering::SeqCst).min(index);
+            self.flushed.store(lowered, Ordering::SeqCst);
+        }
         let marks = Marks {
             log_index: slots.marks.log_index.min(index),
             ..slots.marks

@@ -61,13 +61,16 @@ pub async fn apply<H: Hosts>(
             let plan = plan.clone();
             let (copied, damaged) = tokio::task::spawn_blocking({
                 let (data, copy) = (data.clone(), copy.clone());
-                move || -> anyhow::Result<(u64, Vec<disk::Damaged>)> {
+                move || -> anyhow::Result<([usize; 2], Vec<disk::Damaged>)> {
                     let _ = std::fs::remove_dir_all(&copy);
                     disk::copy_tree(&data, &copy)?;
-                    let copied = std::fs::read_dir(copy.join("db")).map_or(0, |d| d.count());
+                    // What the copy holds of the store: RocksDB's files and the log segments
+                    // (none from a build that keeps its Raft log in RocksDB).
+                    let copied = ["db", "log"]
+                        .map(|dir| std::fs::read_dir(copy.join(dir)).map_or(0, |d| d.count()));
                     let damaged = disk::damage(&data, &plan)?;
                     disk::verify_damage(&data, &copy, &damaged)?;
-                    Ok((copied as u64, damaged))
+                    Ok((copied, damaged))
                 }
             })
             .await??;
@@ -76,7 +79,9 @@ pub async fn apply<H: Hosts>(
                 .map(|d| format!("{} ({} bytes) {}", d.file, d.size, d.what))
                 .collect();
             let text = format!(
-                "; killed {node}; copied its data directory aside ({copied} files in db/); {}",
+                "; killed {node}; copied its data directory aside ({} files in db/, {} in log/); {}",
+                copied[0],
+                copied[1],
                 parts.join("; ")
             );
             *outcome = Some(Outcome::Damage(disk::DamageOutcome {

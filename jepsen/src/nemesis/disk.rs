@@ -5,10 +5,16 @@
 //!
 //! # Damage (`corrupt-minority`)
 //! One node is killed; its data directory is copied aside (`nodeN.pre-damage/`, beside it)
-//! before anything is touched; then its newest write-ahead log (`db/NNNNNN.log`) and/or its
-//! newest table file (`db/NNNNNN.sst`), the newest non-empty one of each kind by file number,
-//! are damaged: a few bytes flipped at a random point in the file's first 90 %, or the file
-//! cut to a random length. After the hold the node is started and watched
+//! before anything is touched; then one or two of its newest files are damaged: the
+//! write-ahead log (`db/NNNNNN.log`), the table file (`db/NNNNNN.sst`) or the Raft log segment
+//! (`log/NNNNNNNNNNNNNNNNNNNN.seg`), each the newest non-empty file of its kind by file number.
+//! A plan is one of six equally likely sets ([`Damage::plan`]): each kind alone, a segment
+//! with the write-ahead log or with the table file, or the write-ahead log with the table file.
+//! A file is damaged by a few bytes flipped at a random point in its first 90 %, or by being
+//! cut to a random length.
+//! A kind with no non-empty file is replaced by another kind ([`damage`]), so a node without
+//! segments (a build that keeps its Raft log in RocksDB) still has its store damaged. After
+//! the hold the node is started and watched
 //! ([`observe_start`]): either it refuses to start (exits; its log must say "is damaged"), or
 //! it starts and catches up with the leader's commit index (having said its data "is damaged":
 //! a rejoin; or not: a silent start). When it refused, the copy is put back (exactly a clean
@@ -39,14 +45,35 @@ pub enum StoreFile {
     Wal,
     /// The newest non-empty table file, `db/NNNNNN.sst`.
     Sst,
+    /// The newest non-empty log segment, `log/NNNNNNNNNNNNNNNNNNNN.seg`.
+    Segment,
 }
 
 impl StoreFile {
+    /// Every kind, in the order [`damage`] tries them when the kind a step names has no file
+    /// left to damage.
+    pub const ALL: [StoreFile; 3] = [StoreFile::Wal, StoreFile::Sst, StoreFile::Segment];
+
+    /// The directory that holds files of this kind, relative to the node's data directory.
+    fn dir(self) -> &'static str {
+        match self {
+            StoreFile::Wal | StoreFile::Sst => "db",
+            StoreFile::Segment => "log",
+        }
+    }
+
+    /// The extension of files of this kind (without the dot).
     fn extension(self) -> &'static str {
         match self {
             StoreFile::Wal => "log",
             StoreFile::Sst => "sst",
+            StoreFile::Segment => "seg",
         }
+    }
+
+    /// This kind, then the other kinds in the order of [`StoreFile::ALL`].
+    fn with_fallbacks(self) -> impl Iterator<Item = StoreFile> {
+        std::iter::once(self).chain(StoreFile::ALL.into_iter().filter(move |k| *k != self))
     }
 }
 
@@ -72,13 +99,17 @@ impl Damage {
         }
     }
 
-    /// Draws a plan: the WAL, the SST, or both (a third of the time each), each flipped or
-    /// cut (half the time each).
+    /// Draws a plan: one of six file sets, each a sixth of the time: the WAL, the SST or the
+    /// segment alone, the WAL and the SST, the segment and the SST, the segment and the WAL.
+    /// Each file is flipped or cut (half the time each).
     pub fn plan(rng: &mut impl rand::Rng) -> Vec<Damage> {
-        let files = match rng.gen_range(0..3) {
+        let files = match rng.gen_range(0..6) {
             0 => vec![StoreFile::Wal],
             1 => vec![StoreFile::Sst],
-            _ => vec![StoreFile::Wal, StoreFile::Sst],
+            2 => vec![StoreFile::Segment],
+            3 => vec![StoreFile::Wal, StoreFile::Sst],
+            4 => vec![StoreFile::Segment, StoreFile::Sst],
+            _ => vec![StoreFile::Segment, StoreFile::Wal],
         };
         files
             .into_iter()
@@ -104,7 +135,8 @@ impl Damage {
 /// What was done to one file.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Damaged {
-    /// The path under the data directory, e.g. `db/000021.log`.
+    /// The path under the data directory, e.g. `db/000021.log` or
+    /// `log/00000000000000000001.seg`.
     pub file: String,
     /// Its size before.
     pub size: u64,
@@ -208,10 +240,16 @@ pub struct SlowFsyncOutcome {
     pub fsyncs_before: u64,
 }
 
-/// The newest non-empty file with `extension` (by its number) under `dir`, with its size.
+/// The newest non-empty file with `extension` (by its number) under `dir`, with its size;
+/// `None` when there is none, or no `dir` at all (a build that keeps no segments has no `log/`).
 fn newest(dir: &Path, extension: &str) -> anyhow::Result<Option<(PathBuf, u64)>> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e).with_context(|| format!("cannot list {}", dir.display())),
+    };
     let mut best: Option<(u64, PathBuf, u64)> = None;
-    for entry in std::fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))? {
+    for entry in entries {
         let entry = entry?;
         let name = entry.file_name().to_string_lossy().into_owned();
         let Some(stem) = name.strip_suffix(&format!(".{extension}")) else {
@@ -228,22 +266,18 @@ fn newest(dir: &Path, extension: &str) -> anyhow::Result<Option<(PathBuf, u64)>>
     Ok(best.map(|(_, path, size)| (path, size)))
 }
 
-/// Damages the node's store under `data` as `plan` says. A kind with no non-empty file is
-/// replaced by the other kind; when there is no file to damage at all, it fails.
+/// Damages the node's store under `data` as `plan` says. When the kind a step names has no
+/// non-empty file, or its newest one was already damaged by an earlier step, the step takes
+/// the newest file of the first other kind that has one left, in the order of
+/// [`StoreFile::ALL`]; a step that finds none is skipped. When no step found a file, it fails.
 pub fn damage(data: &Path, plan: &[Damage]) -> anyhow::Result<Vec<Damaged>> {
     use std::io::{Read as _, Seek as _, SeekFrom, Write as _};
-    let db = data.join("db");
     let mut done = Vec::new();
     let mut used: Vec<PathBuf> = Vec::new();
     for step in plan {
-        let wanted = step.file();
-        let other = match wanted {
-            StoreFile::Wal => StoreFile::Sst,
-            StoreFile::Sst => StoreFile::Wal,
-        };
         let mut target = None;
-        for kind in [wanted, other] {
-            if let Some((path, size)) = newest(&db, kind.extension())? {
+        for kind in step.file().with_fallbacks() {
+            if let Some((path, size)) = newest(&data.join(kind.dir()), kind.extension())? {
                 if !used.contains(&path) {
                     target = Some((path, size));
                     break;
@@ -300,8 +334,8 @@ pub fn damage(data: &Path, plan: &[Damage]) -> anyhow::Result<Vec<Damaged>> {
     }
     if done.is_empty() {
         bail!(
-            "no write-ahead log or table file with data under {}: nothing to damage",
-            db.display()
+            "no write-ahead log, table file or log segment with data under {}: nothing to damage",
+            data.display()
         );
     }
     Ok(done)
@@ -452,12 +486,21 @@ mod tests {
     use super::*;
     use rand::SeedableRng as _;
 
+    /// Writes `files` (paths relative to the data directory `dir`, each of the given size)
+    /// with the bytes `0, 1, …, 250, 0, 1, …`.
     fn store(dir: &Path, files: &[(&str, usize)]) {
-        std::fs::create_dir_all(dir.join("db")).unwrap_or_default();
         for (name, size) in files {
+            let path = dir.join(name);
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent).unwrap_or_default();
+            }
             let bytes: Vec<u8> = (0..*size).map(|i| (i % 251) as u8).collect();
-            std::fs::write(dir.join("db").join(name), bytes).unwrap_or_default();
+            std::fs::write(path, bytes).unwrap_or_default();
         }
+    }
+
+    fn size(path: &Path) -> u64 {
+        std::fs::metadata(path).map_or(0, |m| m.len())
     }
 
     fn tempdir(name: &str) -> PathBuf {
@@ -473,13 +516,20 @@ mod tests {
         store(
             &dir,
             &[
-                ("000007.log", 0),
-                ("000005.log", 1000),
-                ("000003.log", 500),
-                ("000004.sst", 2000),
-                ("000009.sst", 3000),
-                ("LOG", 50),
-                ("LOG.old.123", 50),
+                ("db/000007.log", 0),
+                ("db/000005.log", 1000),
+                ("db/000003.log", 500),
+                ("db/000004.sst", 2000),
+                ("db/000009.sst", 3000),
+                ("db/LOG", 50),
+                ("db/LOG.old.123", 50),
+                // Segments: number 42 is the newest non-empty one; 100 is newer but empty.
+                ("log/00000000000000000001.seg", 4000),
+                ("log/00000000000000000042.seg", 1200),
+                ("log/00000000000000000100.seg", 0),
+                // Not segments: another extension in log/, a segment's extension in db/.
+                ("log/00000000000000000200.tmp", 50),
+                ("db/000300.seg", 50),
             ],
         );
         let done = damage(
@@ -494,57 +544,127 @@ mod tests {
                     file: StoreFile::Sst,
                     to_permille: 100,
                 },
+                Damage::Flip {
+                    file: StoreFile::Segment,
+                    at_permille: 250,
+                    masks: vec![0x80],
+                },
             ],
         )
         .unwrap_or_default();
-        assert_eq!(done.len(), 2, "{done:?}");
+        assert_eq!(done.len(), 3, "{done:?}");
         assert_eq!(done[0].file, "db/000005.log");
+        assert_eq!(done[1].file, "db/000009.sst");
+        assert_eq!(done[2].file, "log/00000000000000000042.seg");
+        assert_eq!(done[2].size, 1200);
         // Against an undamaged copy, the damage shows; against itself, it does not.
         let copy = tempdir("newest-copy");
-        store(&copy, &[("000005.log", 1000), ("000009.sst", 3000)]);
+        store(
+            &copy,
+            &[
+                ("db/000005.log", 1000),
+                ("db/000009.sst", 3000),
+                ("log/00000000000000000042.seg", 1200),
+            ],
+        );
         assert!(verify_damage(&dir, &copy, &done).is_ok());
         assert!(verify_damage(&dir, &dir, &done).is_err());
+        // The check reads segments back from `log/` too: one that matches its copy fails it.
+        let segment_only = &done[2..];
+        assert!(verify_damage(&dir, &copy, segment_only).is_ok());
+        std::fs::copy(
+            dir.join("log/00000000000000000042.seg"),
+            copy.join("log/00000000000000000042.seg"),
+        )
+        .unwrap_or_default();
+        assert!(verify_damage(&dir, &copy, segment_only).is_err());
         let _ = std::fs::remove_dir_all(&copy);
         assert_eq!(done[0].what, "flipped 2 byte(s) at 500");
         let wal = std::fs::read(dir.join("db/000005.log")).unwrap_or_default();
         assert_eq!(wal[500], (500 % 251) as u8 ^ 0xff);
         assert_eq!(wal[501], (501 % 251) as u8 ^ 0x01);
         assert_eq!(wal[502], (502 % 251) as u8);
-        assert_eq!(done[1].file, "db/000009.sst");
         assert_eq!(done[1].what, "cut to 300 bytes");
-        assert_eq!(
-            std::fs::metadata(dir.join("db/000009.sst")).map_or(0, |m| m.len()),
-            300
-        );
-        // Untouched: the older files and the info logs.
-        assert_eq!(
-            std::fs::metadata(dir.join("db/000004.sst")).map_or(0, |m| m.len()),
-            2000
-        );
+        assert_eq!(size(&dir.join("db/000009.sst")), 300);
+        assert_eq!(done[2].what, "flipped 1 byte(s) at 300");
+        let segment = std::fs::read(dir.join("log/00000000000000000042.seg")).unwrap_or_default();
+        assert_eq!(segment[299], (299 % 251) as u8);
+        assert_eq!(segment[300], (300 % 251) as u8 ^ 0x80);
+        assert_eq!(segment[301], (301 % 251) as u8);
+        // Untouched: the older files, the empty ones, the info logs and the files that are not
+        // of a kind in their directory.
+        assert_eq!(size(&dir.join("db/000004.sst")), 2000);
+        assert_eq!(size(&dir.join("log/00000000000000000100.seg")), 0);
+        for (name, len) in [
+            ("log/00000000000000000001.seg", 4000),
+            ("log/00000000000000000200.tmp", 50),
+            ("db/000300.seg", 50),
+        ] {
+            let bytes = std::fs::read(dir.join(name)).unwrap_or_default();
+            let expected: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+            assert!(bytes == expected, "{name} changed");
+        }
         let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
-    fn damage_falls_back_to_the_other_kind_and_fails_on_nothing() {
-        let dir = tempdir("fallback");
-        store(&dir, &[("000003.log", 100), ("000004.log", 0)]);
-        let sst_only = [Damage::Truncate {
-            file: StoreFile::Sst,
+    fn damage_falls_back_to_the_other_kinds_and_fails_on_nothing() {
+        let cut = |file| Damage::Truncate {
+            file,
             to_permille: 0,
-        }];
-        let done = damage(&dir, &sst_only).unwrap_or_default();
-        assert_eq!(done.len(), 1);
+        };
+        let dir = tempdir("fallback");
+        store(
+            &dir,
+            &[
+                ("db/000003.log", 100),
+                ("db/000004.log", 0),
+                ("log/00000000000000000007.seg", 100),
+            ],
+        );
+        // No table file: the SST step takes the WAL (before the segment, in the order of
+        // `StoreFile::ALL`); the WAL step then finds its file taken and no table file, and
+        // takes the segment.
+        let done = damage(&dir, &[cut(StoreFile::Sst), cut(StoreFile::Wal)]).unwrap_or_default();
+        assert_eq!(done.len(), 2, "{done:?}");
         assert_eq!(done[0].file, "db/000003.log");
         assert_eq!(done[0].what, "cut to 0 bytes");
-        // Now every file is empty: nothing to damage.
-        assert!(damage(&dir, &sst_only).is_err());
+        assert_eq!(done[1].file, "log/00000000000000000007.seg");
+        assert_eq!(done[1].what, "cut to 0 bytes");
+        // Now every file is empty: nothing to damage, whatever the kind.
+        for kind in StoreFile::ALL {
+            assert!(damage(&dir, &[cut(kind)]).is_err(), "{kind:?}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+
+        // No `log/` at all (a build without segments): a segment step takes the WAL.
+        let dir = tempdir("fallback-no-log");
+        store(&dir, &[("db/000003.log", 100)]);
+        let done = damage(&dir, &[cut(StoreFile::Segment)]).unwrap_or_default();
+        assert_eq!(done.len(), 1, "{done:?}");
+        assert_eq!(done[0].file, "db/000003.log");
+        assert!(damage(&dir, &[cut(StoreFile::Segment)]).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
+
+        // Segments only: a WAL step takes the newest segment.
+        let dir = tempdir("fallback-segments");
+        store(
+            &dir,
+            &[
+                ("log/00000000000000000001.seg", 100),
+                ("log/00000000000000000009.seg", 100),
+            ],
+        );
+        let done = damage(&dir, &[cut(StoreFile::Wal)]).unwrap_or_default();
+        assert_eq!(done.len(), 1, "{done:?}");
+        assert_eq!(done[0].file, "log/00000000000000000009.seg");
         let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
     fn copies_and_restores_a_tree() {
         let dir = tempdir("copy");
-        store(&dir, &[("000003.log", 100), ("000004.sst", 10)]);
+        store(&dir, &[("db/000003.log", 100), ("db/000004.sst", 10)]);
         std::fs::write(dir.join("IDENTITY"), "x").unwrap_or_default();
         let copy = copy_path(&dir);
         let _ = std::fs::remove_dir_all(&copy);
@@ -569,15 +689,16 @@ mod tests {
     }
 
     #[test]
-    fn plans_cover_both_files_and_both_kinds_of_damage() {
+    fn plans_cover_every_file_set_and_both_kinds_of_damage() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(23);
-        let (mut flips, mut cuts, mut both) = (0, 0, 0);
-        for _ in 0..300 {
+        let (mut flips, mut cuts) = (0, 0);
+        let mut sets: std::collections::BTreeMap<String, u32> = Default::default();
+        for _ in 0..600 {
             let plan = Damage::plan(&mut rng);
             assert!(!plan.is_empty() && plan.len() <= 2);
-            if plan.len() == 2 {
-                both += 1;
-            }
+            let files: Vec<StoreFile> = plan.iter().map(Damage::file).collect();
+            assert!(files.len() == 1 || files[0] != files[1], "{files:?}");
+            *sets.entry(format!("{files:?}")).or_default() += 1;
             for d in &plan {
                 match d {
                     Damage::Flip {
@@ -594,10 +715,30 @@ mod tests {
                 }
             }
         }
-        assert!(
-            flips > 100 && cuts > 100 && both > 50,
-            "{flips} {cuts} {both}"
-        );
+        // Six sets, each a sixth of the time (100 of 600 expected).
+        let expected = [
+            "[Wal]",
+            "[Sst]",
+            "[Segment]",
+            "[Wal, Sst]",
+            "[Segment, Sst]",
+            "[Segment, Wal]",
+        ];
+        assert_eq!(sets.len(), expected.len(), "{sets:?}");
+        for set in expected {
+            assert!(sets.get(set).is_some_and(|n| *n > 60), "{set}: {sets:?}");
+        }
+        // About 900 files, half of them flipped.
+        assert!(flips > 350 && cuts > 350, "{flips} {cuts}");
+    }
+
+    #[test]
+    fn file_kinds_serialize_in_snake_case() {
+        let names: Vec<String> = StoreFile::ALL
+            .iter()
+            .map(|k| serde_json::to_string(k).unwrap_or_default())
+            .collect();
+        assert_eq!(names, ["\"wal\"", "\"sst\"", "\"segment\""]);
     }
 
     #[test]

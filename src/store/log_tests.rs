@@ -1,0 +1,350 @@
+use std::path::PathBuf;
+
+use openraft::impls::leader_id_adv::LeaderId as CommittedLeaderId;
+use openraft::storage::{IOFlushed, RaftLogStorage};
+use openraft::vote::RaftLeaderId;
+use openraft::RaftLogReader;
+
+use super::*;
+use crate::store::open_db;
+
+fn log_id(term: u64, index: u64) -> LogId {
+    LogId::new(CommittedLeaderId::new(term, 1), index)
+}
+
+fn blank(term: u64, index: u64) -> Entry {
+    Entry {
+        log_id: log_id(term, index),
+        payload: openraft::EntryPayload::Blank,
+    }
+}
+
+/// A node's database and log store in `root`, opened as a node opens them (with `durable`
+/// as the watermark's index).
+fn open_store(root: &Path, durable: u64) -> (Arc<DB>, LogStore) {
+    let db = open_db(&root.join("db")).expect("open db");
+    let log = open_segments(&db, &root.join("log"), durable).expect("open the log");
+    let store = LogStore::new(db.clone(), log).expect("log store");
+    (db, store)
+}
+
+/// Appends `entries` and waits until the store reports them durable (the flusher reports that
+/// after a successful sync only, when it also calls openraft's callback).
+async fn append_flushed(store: &mut LogStore, entries: Vec<Entry>) {
+    let last = entries.last().expect("entries").index();
+    let mut durable = store.durable();
+    store
+        .append(entries, IOFlushed::noop())
+        .await
+        .expect("append");
+    durable
+        .wait_for(|d| *d >= last)
+        .await
+        .expect("the flusher reports");
+}
+
+async fn indexes(store: &mut LogStore) -> Vec<u64> {
+    store
+        .try_get_log_entries(..)
+        .await
+        .expect("read")
+        .iter()
+        .map(|e| e.index())
+        .collect()
+}
+
+fn marks_of(db: &DB, root: &Path) -> StorageResult<Marks> {
+    let (log, _) =
+        SegmentLog::open(&root.join("log"), u64::MAX, DEFAULT_SEGMENT_BYTES).expect("open the log");
+    stored_marks(db, &log)
+}
+
+/// What start-up compares with the watermark: the last log index (an entry's, or the last
+/// purged one's when the log is empty behind a snapshot) and the vote's term; and a vote
+/// adopted for a rejoin never lowers the stored one.
+#[tokio::test]
+async fn stored_marks_follow_the_log_the_purge_and_the_vote() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (db, mut store) = open_store(dir.path(), 0);
+    assert_eq!(marks_of(&db, dir.path()).expect("marks"), Marks::default());
+    store
+        .save_vote(&Vote::new_committed(3, 1))
+        .await
+        .expect("vote");
+    append_flushed(&mut store, (1..=5).map(|i| blank(3, i)).collect()).await;
+    assert_eq!(
+        marks_of(&db, dir.path()).expect("marks"),
+        Marks {
+            log_index: 5,
+            vote_term: 3
+        }
+    );
+    store.purge(log_id(3, 5)).await.expect("purge");
+    assert_eq!(marks_of(&db, dir.path()).expect("marks").log_index, 5);
+    adopt_vote(&db, &Vote::new_committed(2, 2)).expect("adopt");
+    assert_eq!(marks_of(&db, dir.path()).expect("marks").vote_term, 3);
+    adopt_vote(&db, &Vote::new_committed(7, 2)).expect("adopt");
+    assert_eq!(marks_of(&db, dir.path()).expect("marks").vote_term, 7);
+}
+
+/// Entries are removed from the front only by a purge, recorded first: a log that starts
+/// after the entry following the last purged one lost the entries in between.
+#[tokio::test]
+async fn a_log_that_starts_after_a_gap_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (db, mut store) = open_store(dir.path(), 0);
+    // A log that starts at 10 (as a restored or snapshot-installed node's does, after its
+    // purge point).
+    append_flushed(&mut store, (10..=12).map(|i| blank(1, i)).collect()).await;
+    let err = marks_of(&db, dir.path()).expect_err("nothing purged before 10");
+    assert!(err.to_string().contains("starts at index 10"), "{err}");
+    let mut batch = WriteBatch::default();
+    let raft = db.cf_handle(CF_RAFT).expect("raft cf");
+    batch.put_cf(
+        raft,
+        keys::LAST_PURGED,
+        values::encode(&log_id(1, 8)).expect("encode"),
+    );
+    db.write(batch).expect("write");
+    assert!(marks_of(&db, dir.path()).is_err(), "entry 9 is missing");
+    let mut batch = WriteBatch::default();
+    batch.put_cf(
+        raft,
+        keys::LAST_PURGED,
+        values::encode(&log_id(1, 9)).expect("encode"),
+    );
+    db.write(batch).expect("write");
+    assert_eq!(marks_of(&db, dir.path()).expect("marks").log_index, 12);
+}
+
+/// The durable index apply waits on rises once the flusher has synced an append, falls to
+/// the kept entries on a truncation, and is not raised by a flush of entries written before
+/// the truncation (those indexes now hold other entries, not yet synced).
+#[tokio::test]
+async fn the_durable_index_follows_flushes_and_truncations() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_db, mut store) = open_store(dir.path(), 0);
+    let durable = store.durable();
+    assert_eq!(*durable.borrow(), 0);
+    append_flushed(&mut store, (1..=5).map(|i| blank(1, i)).collect()).await;
+    assert_eq!(*durable.borrow(), 5);
+    store
+        .truncate_after(Some(log_id(1, 3)))
+        .await
+        .expect("truncate");
+    assert_eq!(*durable.borrow(), 3);
+    append_flushed(&mut store, (4..=6).map(|i| blank(2, i)).collect()).await;
+    assert_eq!(*durable.borrow(), 6);
+    assert_eq!(indexes(&mut store).await, vec![1, 2, 3, 4, 5, 6]);
+
+    // A flush reported for appends written before a truncation counts up to what the
+    // truncation kept (those entries survived it), never above.
+    let tracker = Durable::new(2);
+    let before = tracker.epoch();
+    tracker.truncating(3);
+    tracker.flushed(5, before);
+    assert_eq!(
+        *tracker.tx.borrow(),
+        3,
+        "a flush from before the truncation counted past what it kept"
+    );
+    tracker.flushed(4, tracker.epoch());
+    assert_eq!(*tracker.tx.borrow(), 4);
+    let before = tracker.epoch();
+    tracker.truncating(2);
+    tracker.truncating(1);
+    tracker.flushed(9, before);
+    assert_eq!(
+        *tracker.tx.borrow(),
+        1,
+        "two truncations: the lower keep counts"
+    );
+}
+
+/// A purge is recorded before its segments go; a crash in between leaves entries at or below
+/// the purge point, which the next start removes, so the log appends after the purge point.
+#[tokio::test]
+async fn a_purge_interrupted_after_its_record_is_finished_at_the_next_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let (db, mut store) = open_store(dir.path(), 0);
+        append_flushed(&mut store, (1..=10).map(|i| blank(1, i)).collect()).await;
+        // The purge's record, and then the crash: the segments are still there.
+        let mut batch = WriteBatch::default();
+        let raft = db.cf_handle(CF_RAFT).expect("raft cf");
+        batch.put_cf(
+            raft,
+            keys::LAST_PURGED,
+            values::encode(&log_id(1, 20)).expect("encode"),
+        );
+        db.write_opt(batch, &crate::store::write_options(true))
+            .expect("write");
+    }
+    let (_db, mut store) = open_store(dir.path(), 10);
+    let state = store.get_log_state().await.expect("state");
+    assert_eq!(state.last_purged_log_id, Some(log_id(1, 20)));
+    assert_eq!(state.last_log_id, Some(log_id(1, 20)));
+    assert!(indexes(&mut store).await.is_empty());
+    append_flushed(&mut store, vec![blank(2, 21)]).await;
+    assert_eq!(indexes(&mut store).await, vec![21]);
+}
+
+/// Writes entries into the `log` family as a format 4 directory held them.
+fn write_log_family(db: &DB, entries: &[Entry]) {
+    let cf = db.cf_handle(CF_LOG).expect("log cf");
+    let mut batch = WriteBatch::default();
+    for e in entries {
+        batch.put_cf(
+            cf,
+            e.index().to_be_bytes(),
+            encode_entry(e).expect("encode"),
+        );
+    }
+    db.write(batch).expect("write");
+}
+
+fn family_is_empty(db: &DB) -> bool {
+    let cf = db.cf_handle(CF_LOG).expect("log cf");
+    db.iterator_cf(cf, IteratorMode::Start).next().is_none()
+}
+
+/// The upgrade to format 5 moves the log's entries out of RocksDB into segment files, and only
+/// then empties the family; an upgrade a crash interrupted (a half-written staging directory,
+/// or segments renamed into place while the family still held the entries) is made again from
+/// the family; a second open moves nothing.
+#[tokio::test]
+async fn a_format_4_log_moves_into_segment_files_even_after_an_interrupted_upgrade() {
+    let entries: Vec<Entry> = (1..=40).map(|i| blank(1 + i / 20, i)).collect();
+    for interrupted in [None, Some("log.upgrade"), Some("log")] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = open_db(&dir.path().join("db")).expect("open db");
+        write_log_family(&db, &entries);
+        if let Some(leftover) = interrupted {
+            // Segments of a copy that did not finish: entries 1 and 2 only.
+            let (mut partial, _) = SegmentLog::open(&dir.path().join(leftover), 0, 1_000)
+                .expect("open a partial copy");
+            for e in &entries[..2] {
+                partial
+                    .append(e.index(), &encode_entry(e).expect("encode"))
+                    .expect("append");
+            }
+            partial.sync().expect("sync");
+        }
+        let dir_log: PathBuf = dir.path().join("log");
+        assert_eq!(move_log_family(&db, &dir_log).expect("upgrade"), 40);
+        assert!(family_is_empty(&db), "the family still holds entries");
+        assert!(!dir.path().join("log.upgrade").exists());
+        assert_eq!(move_log_family(&db, &dir_log).expect("again"), 0);
+        let log = open_segments(&db, &dir_log, 40).expect("open");
+        let mut store = LogStore::new(db.clone(), log).expect("store");
+        let read = store.try_get_log_entries(..).await.expect("read");
+        assert_eq!(read, entries, "{interrupted:?}");
+        let state = store.get_log_state().await.expect("state");
+        assert_eq!(state.last_log_id, Some(log_id(3, 40)));
+    }
+}
+
+/// A real power loss under the log store: the log lives on a fault disk (a FUSE file system of
+/// our own that drops every write not fsynced when told). Every entry the store reported
+/// flushed is there after the loss, through several rounds and segment boundaries, while the
+/// flusher syncs outside the segment log's lock. Needs root and `/dev/fuse`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_entry_reported_flushed_survives_a_power_loss() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let (backing, mount) = (root.path().join("backing"), root.path().join("mount"));
+    for dir in [&backing, &mount] {
+        fs::create_dir_all(dir).expect("mkdir");
+    }
+    let disk = raftq_faultfs::FaultFs::mount(&backing, &mount)
+        .unwrap_or_else(|e| panic!("a fault disk cannot be mounted here: {e}"));
+    let db = open_db(&root.path().join("db")).expect("open db");
+    let dir = mount.join("log");
+    let mut flushed = 0u64;
+    for round in 0..5u64 {
+        let (log, _) = SegmentLog::open(&dir, flushed, 4_096).expect("open after a power loss");
+        let mut store = LogStore::new(db.clone(), log).expect("store");
+        let held = indexes(&mut store).await;
+        assert_eq!(
+            held,
+            (1..=held.len() as u64).collect::<Vec<_>>(),
+            "round {round}"
+        );
+        assert!(
+            held.len() as u64 >= flushed,
+            "round {round}: {flushed} entries were reported flushed, {} survived",
+            held.len()
+        );
+        // Appends of a few entries each, every one waited for: several segments' worth.
+        let mut next = held.len() as u64 + 1;
+        for _ in 0..12 {
+            let batch = (next..next + 3).map(|i| publish_entry(round, i)).collect();
+            append_flushed(&mut store, batch).await;
+            next += 3;
+        }
+        flushed = next - 1;
+        // The power goes while the store is still open.
+        disk.control().drop_unsynced().expect("power loss");
+        drop(store);
+    }
+    disk.unmount().expect("unmount");
+}
+
+/// An entry of about 300 bytes, so that a few fill a small segment.
+fn publish_entry(term: u64, index: u64) -> Entry {
+    use crate::state::{Batch, Command, LogPayload, NewRecord, Publish};
+    Entry {
+        log_id: log_id(term + 1, index),
+        payload: openraft::EntryPayload::Normal(LogPayload::V1(Batch {
+            timestamp_ms: index,
+            commands: vec![Command::Publish(Publish {
+                topic: "t".into(),
+                records: vec![NewRecord {
+                    key: None,
+                    headers: vec![],
+                    value: vec![index as u8; 300],
+                }],
+                producer: None,
+            })],
+        })),
+    }
+}
+
+/// Reads serve the newest entries from memory and the older ones from the files, in one range;
+/// a truncation and a purge cut both.
+#[tokio::test]
+async fn reads_join_entries_from_the_files_and_from_memory() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let (_db, mut store) = open_store(dir.path(), 0);
+        append_flushed(&mut store, (1..=5).map(|i| blank(1, i)).collect()).await;
+    }
+    // Reopened: entries 1 to 5 are in the files only, 6 to 8 also in memory.
+    let (_db, mut store) = open_store(dir.path(), 5);
+    append_flushed(&mut store, (6..=8).map(|i| blank(2, i)).collect()).await;
+    assert_eq!(store.recent().first_index(), Some(6));
+    let read = store.try_get_log_entries(3..=7).await.expect("read");
+    assert_eq!(
+        read.iter().map(|e| e.log_id()).collect::<Vec<_>>(),
+        vec![
+            log_id(1, 3),
+            log_id(1, 4),
+            log_id(1, 5),
+            log_id(2, 6),
+            log_id(2, 7)
+        ]
+    );
+    store
+        .truncate_after(Some(log_id(2, 6)))
+        .await
+        .expect("truncate");
+    append_flushed(&mut store, vec![blank(3, 7)]).await;
+    assert_eq!(
+        store.try_get_log_entries(6..).await.expect("read"),
+        vec![blank(2, 6), blank(3, 7)]
+    );
+    store.purge(log_id(2, 6)).await.expect("purge");
+    assert_eq!(
+        store.try_get_log_entries(..).await.expect("read"),
+        vec![blank(3, 7)]
+    );
+}
