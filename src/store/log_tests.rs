@@ -247,16 +247,10 @@ async fn a_format_4_log_moves_into_segment_files_even_after_an_interrupted_upgra
 /// A real power loss under the log store: the log lives on a fault disk (a FUSE file system of
 /// our own that drops every write not fsynced when told). Every entry the store reported
 /// flushed is there after the loss, through several rounds and segment boundaries, while the
-/// flusher syncs outside the segment log's lock. Needs root and `/dev/fuse`.
+/// log thread syncs outside the segment log's lock. Needs root and `/dev/fuse`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_entry_reported_flushed_survives_a_power_loss() {
-    let root = tempfile::tempdir().expect("tempdir");
-    let (backing, mount) = (root.path().join("backing"), root.path().join("mount"));
-    for dir in [&backing, &mount] {
-        fs::create_dir_all(dir).expect("mkdir");
-    }
-    let disk = raftq_faultfs::FaultFs::mount(&backing, &mount)
-        .unwrap_or_else(|e| panic!("a fault disk cannot be mounted here: {e}"));
+    let (root, disk, mount) = crate::store::segments::tests::fault_disk();
     let db = open_db(&root.path().join("db")).expect("open db");
     let dir = mount.join("log");
     let mut flushed = 0u64;

@@ -493,4 +493,4 @@ impl SegmentLog {
 
 #[cfg(test)]
 #[path = "segments_tests.rs"]
-mod tests;
+pub(super) mod tests;

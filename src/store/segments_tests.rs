@@ -262,13 +262,10 @@ fn append_bytes(path: &Path, extra: &[u8]) {
     file.write_all(extra).expect("write");
 }
 
-/// A real power loss: the log lives on a fault disk (a FUSE file system of our own that drops
-/// every write not fsynced when told). Each round appends entries, syncs some of them, appends
-/// more without a sync, loses power and opens the log again with the synced index as `durable`:
-/// every synced entry is there and reads back, and whatever of the rest survived reads back
-/// whole or was cut, never garbled. Needs root and `/dev/fuse`.
-#[test]
-fn a_power_loss_keeps_every_synced_entry() {
+/// A fault disk (a FUSE file system of our own that drops every write not fsynced when told)
+/// mounted in a temp dir: the dir (which must outlive the disk), the disk and its mount point.
+/// Needs root and `/dev/fuse`.
+pub(in crate::store) fn fault_disk() -> (tempfile::TempDir, raftq_faultfs::FaultFs, PathBuf) {
     let root = tempfile::tempdir().expect("tempdir");
     let (backing, mount) = (root.path().join("backing"), root.path().join("mount"));
     for dir in [&backing, &mount] {
@@ -276,6 +273,17 @@ fn a_power_loss_keeps_every_synced_entry() {
     }
     let disk = raftq_faultfs::FaultFs::mount(&backing, &mount)
         .unwrap_or_else(|e| panic!("a fault disk cannot be mounted here: {e}"));
+    (root, disk, mount)
+}
+
+/// A real power loss: the log lives on a fault disk (a FUSE file system of our own that drops
+/// every write not fsynced when told). Each round appends entries, syncs some of them, appends
+/// more without a sync, loses power and opens the log again with the synced index as `durable`:
+/// every synced entry is there and reads back, and whatever of the rest survived reads back
+/// whole or was cut, never garbled. Needs root and `/dev/fuse`.
+#[test]
+fn a_power_loss_keeps_every_synced_entry() {
+    let (_root, disk, mount) = fault_disk();
     let dir = mount.join("log");
     let mut synced = 0u64;
     for round in 0..6u64 {
