@@ -45,7 +45,7 @@ use crate::raft::{to_io, Entry, LogId, StorageResult, TypeConfig, Vote};
 /// Version byte in front of every stored log entry.
 const ENTRY_FORMAT: u8 = 1;
 
-/// The log's entries, shared by the store's clones and the flusher thread.
+/// The log's entries, shared by the store's clones and the log thread.
 type Segments = Arc<Mutex<SegmentLog>>;
 
 /// Bytes of the newest entries kept decoded in memory.
@@ -130,7 +130,7 @@ pub struct LogStore {
     first_readable: Arc<AtomicU64>,
     /// The highest committed index this node knows of, for status and readiness.
     committed: Arc<AtomicU64>,
-    /// Appends written but not yet reported flushed, in order, to the flusher thread.
+    /// Appends, truncations and purges, in order, to the log thread.
     flusher: Arc<Flusher>,
     /// What this node has had on disk, kept outside RocksDB (none in unit tests).
     watermark: Option<Arc<Watermark>>,
@@ -571,7 +571,7 @@ pub fn adopt_vote(db: &DB, vote: &Vote) -> StorageResult<()> {
 
 impl LogStore {
     /// Opens the log store on `db` (the Raft metadata) and `log` (the entries) and starts its
-    /// flusher thread.
+    /// log thread.
     pub fn new(db: Arc<DB>, log: SegmentLog) -> std::io::Result<Self> {
         Self::start(db, log, None)
     }
