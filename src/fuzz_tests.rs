@@ -106,7 +106,7 @@ fn sample_snapshot() -> Vec<u8> {
     let db = crate::store::open_db_with(&dir.path().join("db"), 1 << 20).expect("open RocksDB");
     let cf = db.cf_handle(crate::store::CF_SM).expect("the sm family");
     for i in 0..5u64 {
-        db.put_cf(cf, crate::store::keys::record(1, i), vec![i as u8; 20])
+        db.put_cf(cf, crate::store::keys::record(1, i), sample_record())
             .expect("a write");
     }
     let snaps = dir.path().join("snapshots");
@@ -148,7 +148,7 @@ fn parse_snapshot_header(b: &[u8]) {
 }
 
 fn sample_record() -> Vec<u8> {
-    crate::store::sm::encode_record(&StoredRecord {
+    crate::store::records::encode_record(&StoredRecord {
         timestamp_ms: 7,
         key: Some("k".into()),
         headers: vec![("a".into(), "b".into())],
@@ -168,7 +168,7 @@ fn decode_disk(b: &[u8]) {
     use crate::state::{ProducerState, SubState, TopicMeta};
     use crate::store::values::META_FORMAT;
     let _ = crate::store::log::decode_entry(b);
-    let _ = crate::store::sm::decode_record(b);
+    let _ = crate::store::records::decode(b);
     let _ = codec::decode_versioned::<TopicMeta>(META_FORMAT, b);
     let _ = codec::decode_versioned::<SubState>(META_FORMAT, b);
     let mut subs = crate::store::subs::Assembler::default();

@@ -66,6 +66,8 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         .context("starting the watermark thread")?;
     let log_store = LogStore::with_watermark(db.clone(), log, watermark.clone())
         .context("starting the log flusher thread")?;
+    // Published records are stored as where the log holds them from here on.
+    sm.attach_log(Arc::new(log_store.for_records()));
     let log_durable = log_store.durable();
     let committed = log_store.committed_index();
     let network = Network::new(

@@ -32,7 +32,8 @@ pub(super) struct Opened {
 ///
 /// A store that lost data this node had acknowledged (RocksDB finds damage at open, or in the
 /// checksums of the table files, all read first; a log segment fails its checks at or below
-/// the durable watermark, or anywhere but its tail; the log or vote is behind the durable
+/// the durable watermark, or anywhere but its tail; records point into log entries the log
+/// no longer holds; the log or vote is behind the durable
 /// watermark or behind what the leader recorded; or the store is empty while the cluster had
 /// replicated to this node) is set aside, and the node starts from an empty one
 /// as a learner: before Raft starts, the leader makes it one, and this node adopts the
@@ -79,11 +80,14 @@ pub(super) async fn open_store(settings: &Settings, datadir: &DataDir) -> anyhow
                         // A full disk, permissions: nothing says the data is bad.
                         Err(e) => anyhow::bail!("cannot open the Raft log: {e}"),
                         Ok(log) => {
-                            let lost = match &marker {
+                            let points = store::records::check_log_holds(&db, log.first_index());
+                            let lost = match (points, &marker) {
+                                // Records point into entries the log lost.
+                                (Err(what), _) => Some(format!("its records are missing: {what}")),
                                 // Already rejoining: what the store holds is what it caught up
                                 // since.
-                                Some(_) => None,
-                                None => find_loss(settings, root, &db, &log).await,
+                                (Ok(()), Some(_)) => None,
+                                (Ok(()), None) => find_loss(settings, root, &db, &log).await,
                             };
                             (Some(db), Some(log), lost)
                         }

@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use super::sm::SmMeta;
-use super::{keys, log, sm, subs, values, CF_LOG, CF_RAFT, CF_SM};
+use super::{keys, log, records, sm, subs, values, CF_LOG, CF_RAFT, CF_SM};
 use crate::codec;
 use crate::raft::{LogId, StoredMembership, Vote};
 use crate::state::subscriptions::{Lease, Pending};
@@ -41,11 +41,13 @@ const KINDS: &[&str] = &[
     "raft:vote",
     "raft:committed",
     "raft:last_purged",
+    "raft:files_purged",
     "sm:applied",
     "sm:membership",
     "sm:state",
     "sm:topic",
     "sm:record",
+    "sm:record_at",
     "sm:subscription",
     "sm:subscription_head",
     "sm:lease",
@@ -90,6 +92,7 @@ fn round_trip(kind: &str, bytes: &[u8]) -> Result<Vec<u8>, String> {
         "raft:vote" => meta::<Vote>(bytes),
         "raft:committed" | "sm:applied" => meta::<Option<LogId>>(bytes),
         "raft:last_purged" => meta::<LogId>(bytes),
+        "raft:files_purged" => meta::<u64>(bytes),
         "sm:membership" => meta::<StoredMembership>(bytes),
         "sm:state" => meta::<SmMeta>(bytes),
         "sm:topic" => meta::<TopicMeta>(bytes),
@@ -100,10 +103,16 @@ fn round_trip(kind: &str, bytes: &[u8]) -> Result<Vec<u8>, String> {
         "sm:lease" => meta::<Lease>(bytes),
         "sm:pending" => meta::<Pending>(bytes),
         "sm:producer" => meta::<ProducerState>(bytes),
-        "sm:record" => {
-            let record = sm::decode_record(bytes)?;
-            sm::encode_record(&record).map_err(|e| e.to_string())
-        }
+        "sm:record" => match records::decode(bytes)? {
+            records::Stored::Whole(record) => {
+                records::encode_record(&record).map_err(|e| e.to_string())
+            }
+            records::Stored::At(_) => Err("a record location, not a whole record".into()),
+        },
+        "sm:record_at" => match records::decode(bytes)? {
+            records::Stored::At(at) => records::encode_at(&at).map_err(|e| e.to_string()),
+            records::Stored::Whole(_) => Err("a whole record, not a record location".into()),
+        },
         other => Err(format!("unknown kind {other}")),
     }
 }
@@ -165,6 +174,7 @@ fn kind_of(cf: &str, key: &[u8], value: &[u8]) -> Option<String> {
             keys::VOTE => Some("raft:vote".into()),
             keys::COMMITTED => Some("raft:committed".into()),
             keys::LAST_PURGED => Some("raft:last_purged".into()),
+            keys::FILES_PURGED => Some("raft:files_purged".into()),
             _ => None,
         },
         CF_SM => match key {
@@ -172,6 +182,9 @@ fn kind_of(cf: &str, key: &[u8], value: &[u8]) -> Option<String> {
             keys::MEMBERSHIP => Some("sm:membership".into()),
             keys::SM_META => Some("sm:state".into()),
             [keys::TOPIC_PREFIX, ..] => Some("sm:topic".into()),
+            [keys::RECORD_PREFIX, ..] if value.first() == Some(&records::RECORD_AT_FORMAT) => {
+                Some("sm:record_at".into())
+            }
             [keys::RECORD_PREFIX, ..] => Some("sm:record".into()),
             [keys::SUB_PREFIX, ..] => Some(
                 match (key.len(), key.get(9), value.first()) {

@@ -126,8 +126,11 @@ pub struct LogStore {
     /// How far the local log is fsynced, for apply to wait on.
     durable: Arc<Durable>,
     /// The first index a read may return: the one after the last purged (entries at or below
-    /// it may stay in a segment that also holds later ones, and are never read).
+    /// it may stay in a segment that also holds later ones, and are never read by Raft).
     first_readable: Arc<AtomicU64>,
+    /// The first index records of the state machine may point into ([`LogEntries`]): a purge
+    /// removes no segment holding it or anything after it.
+    keep_from: Arc<AtomicU64>,
     /// The highest committed index this node knows of, for status and readiness.
     committed: Arc<AtomicU64>,
     /// Appends, truncations and purges, in order, to the log thread.
@@ -543,6 +546,22 @@ pub fn stored_marks(db: &DB, log: &SegmentLog) -> StorageResult<Marks> {
             )));
         }
     }
+    // Entries Raft purged but the state machine's records point into stay in the files, from
+    // the one after the segments' purge point up to Raft's.
+    if let (Some(files), Some(purged)) = (get_meta::<u64>(db, keys::FILES_PURGED)?, purged) {
+        let (first, last) = (log.first_index(), log.last_index());
+        if files < purged && (first.is_none_or(|f| f > files + 1) || last < Some(purged)) {
+            return Err(to_io(format!(
+                "the log holds {}, but records point into every entry from index {} (Raft \
+                 purged up to {purged})",
+                match (first, last) {
+                    (Some(f), Some(l)) => format!("entries {f} to {l}"),
+                    _ => "no entries".to_string(),
+                },
+                files + 1
+            )));
+        }
+    }
     Ok(Marks {
         log_index: last_entry.or(purged).unwrap_or(0),
         vote_term: vote.map_or(0, |v| v.leader_id().term()),
@@ -569,6 +588,48 @@ pub fn adopt_vote(db: &DB, vote: &Vote) -> StorageResult<()> {
         .map_err(to_io)
 }
 
+/// Up to where the log's segments were removed: [`keys::FILES_PURGED`], or the last purged
+/// index (`last_purged`, when given) in a store that has never kept entries for records.
+fn files_purged(db: &DB, last_purged: Option<LogId>) -> StorageResult<Option<u64>> {
+    Ok(get_meta::<u64>(db, keys::FILES_PURGED)?.or(last_purged.map(|l| l.index)))
+}
+
+/// The log's entries as the state machine reads the records it points into: from memory or
+/// from the files, including entries Raft has purged but the records still need.
+#[derive(Clone)]
+pub struct LogEntries {
+    segments: Segments,
+    recent: Arc<Mutex<Recent>>,
+    keep_from: Arc<AtomicU64>,
+}
+
+impl super::records::Entries for LogEntries {
+    fn entry(&self, index: u64) -> Result<Entry, String> {
+        {
+            let recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(first) = recent.first_index().filter(|first| *first <= index) {
+                if let Some((entry, _)) = recent.entries.get((index - first) as usize) {
+                    return Ok(entry.clone());
+                }
+            }
+        }
+        // Not in memory: written, so in the files (an entry leaves memory only once written).
+        let bytes = lock(&self.segments)
+            .read(index)
+            .map_err(|e| format!("reading log entry {index}: {e}"))?
+            .ok_or_else(|| format!("log entry {index} is not in the log"))?;
+        let entry = decode_entry(&bytes).map_err(|e| e.to_string())?;
+        if entry.index() != index {
+            return Err(format!("log entry {index} holds entry {}", entry.log_id()));
+        }
+        Ok(entry)
+    }
+
+    fn keep_from(&self, index: u64) {
+        self.keep_from.fetch_max(index, Ordering::SeqCst);
+    }
+}
+
 impl LogStore {
     /// Opens the log store on `db` (the Raft metadata) and `log` (the entries) and starts its
     /// log thread.
@@ -592,9 +653,9 @@ impl LogStore {
         watermark: Option<Arc<Watermark>>,
     ) -> std::io::Result<Self> {
         let last_purged: Option<LogId> = get_meta(&db, keys::LAST_PURGED)?;
-        if let Some(purged) = last_purged {
-            // Finishes a purge a crash interrupted: it was recorded before its segments went.
-            log.purge_to(purged.index).map_err(to_io)?;
+        // Finishes a purge a crash interrupted: it was recorded before its segments went.
+        if let Some(files) = files_purged(&db, last_purged)? {
+            log.purge_to(files).map_err(to_io)?;
         }
         // Everything the log holds once open is durable (the open synced it).
         let durable = Arc::new(Durable::new(
@@ -623,6 +684,8 @@ impl LogStore {
             written,
             durable,
             first_readable: Arc::new(AtomicU64::new(last_purged.map_or(0, |l| l.index + 1))),
+            // No state machine reads records from this log until `for_records`.
+            keep_from: Arc::new(AtomicU64::new(u64::MAX)),
             committed: Arc::new(AtomicU64::new(0)),
             flusher: Arc::new(Flusher {
                 tx: Some(tx),
@@ -639,6 +702,20 @@ impl LogStore {
     /// Shared view of the committed index, updated as Raft reports it.
     pub fn committed_index(&self) -> Arc<AtomicU64> {
         self.committed.clone()
+    }
+
+    /// The entries as the state machine reads records from them. From the first call on, a
+    /// purge keeps every entry until the state machine says how far back its records point
+    /// ([`super::records::Entries::keep_from`]); before it, a purge removes all it may.
+    pub fn for_records(&self) -> LogEntries {
+        let _ = self
+            .keep_from
+            .compare_exchange(u64::MAX, 0, Ordering::SeqCst, Ordering::SeqCst);
+        LogEntries {
+            segments: self.segments.clone(),
+            recent: self.recent.clone(),
+            keep_from: self.keep_from.clone(),
+        }
     }
 
     /// The highest log index fsynced on this node, as it moves (a truncation lowers it).
@@ -794,7 +871,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn get_log_state(&mut self) -> StorageResult<LogState<TypeConfig>> {
         let last_purged: Option<LogId> = self.get_meta(keys::LAST_PURGED)?;
-        let last = self.last_entry_id()?.or(last_purged);
+        // Entries at or below the purge point may stay for the records that point into them.
+        let last = self.last_entry_id()?.max(last_purged);
         Ok(LogState {
             last_purged_log_id: last_purged,
             last_log_id: last,
@@ -904,17 +982,23 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn purge(&mut self, log_id: LogId) -> StorageResult<()> {
+        // Raft no longer reads at or below `log_id`; the segments go only up to where the
+        // state machine's records still point (`keep_from`), and never go back.
+        let keep_from = self.keep_from.load(Ordering::SeqCst);
+        let files = log_id.index.min(keep_from.saturating_sub(1));
+        let files = files_purged(&self.db, None)?.map_or(files, |before| files.max(before));
         // The purge point is recorded, synced, before any segment goes: a crash in between
         // leaves entries at or below it, which the next start removes, never a hole.
         let mut batch = WriteBatch::default();
         let bytes = values::encode(&log_id).map_err(to_io)?;
         batch.put_cf(self.cf(CF_RAFT)?, keys::LAST_PURGED, bytes);
+        let bytes = values::encode(&files).map_err(to_io)?;
+        batch.put_cf(self.cf(CF_RAFT)?, keys::FILES_PURGED, bytes);
         self.write_synced(batch).await?;
         self.first_readable
             .fetch_max(log_id.index + 1, Ordering::SeqCst);
         self.recent().purge_to(log_id.index);
-        self.run_on_log_thread(|done| Op::Purge(log_id.index, done))
-            .await
+        self.run_on_log_thread(|done| Op::Purge(files, done)).await
     }
 }
 

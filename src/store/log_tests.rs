@@ -342,3 +342,69 @@ async fn reads_join_entries_from_the_files_and_from_memory() {
         vec![blank(3, 7)]
     );
 }
+
+/// A log store whose segments hold a few hundred bytes each, so that a few entries fill one.
+fn open_small_segments(root: &Path) -> (Arc<DB>, LogStore) {
+    let db = open_db(&root.join("db")).expect("open db");
+    let (log, _) = SegmentLog::open(&root.join("log"), u64::MAX, 1024).expect("open the log");
+    let store = LogStore::new(db.clone(), log).expect("log store");
+    (db, store)
+}
+
+fn files_purged_of(db: &DB) -> Option<u64> {
+    get_meta::<u64>(db, keys::FILES_PURGED).expect("read")
+}
+
+/// Raft's purge removes no segment holding an entry the state machine's records point into:
+/// `keep_from` bounds it, the bound is recorded with the purge and holds across a restart,
+/// and once the records let go, the next purge takes the segments. Raft itself reads nothing
+/// it purged either way. A log that lost entries records point into is refused at start-up.
+#[tokio::test]
+async fn a_purge_keeps_the_entries_records_point_into() {
+    use crate::store::records::Entries;
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let (db, mut store) = open_small_segments(dir.path());
+        append_flushed(&mut store, (1..=30).map(|i| publish_entry(1, i)).collect()).await;
+        store.for_records().keep_from(12);
+        store.purge(log_id(2, 25)).await.expect("purge");
+        assert_eq!(indexes(&mut store).await, (26..=30).collect::<Vec<_>>());
+        assert_eq!(files_purged_of(&db), Some(11));
+        let entries = store.for_records();
+        for index in 12..=30 {
+            assert_eq!(entries.entry(index).expect("kept").index(), index);
+        }
+    }
+    let (db, mut store) = open_small_segments(dir.path());
+    let entries = store.for_records();
+    for index in 12..=30 {
+        assert_eq!(entries.entry(index).expect("kept").index(), index);
+    }
+    assert_eq!(indexes(&mut store).await, (26..=30).collect::<Vec<_>>());
+    marks_of(&db, dir.path()).expect("the log holds what records point into");
+
+    // The records let go of everything up to 25: the next purge takes the segments, and an
+    // older bound never brings a lower purge point back.
+    entries.keep_from(26);
+    entries.keep_from(5);
+    store.purge(log_id(2, 27)).await.expect("purge");
+    assert_eq!(files_purged_of(&db), Some(25));
+    let err = entries.entry(12).expect_err("gone");
+    assert!(err.contains("entry 12"), "{err}");
+    assert_eq!(indexes(&mut store).await, (28..=30).collect::<Vec<_>>());
+    drop((store, entries));
+
+    // Entries between the files' purge point and Raft's went missing: refused.
+    let db_path = dir.path().join("db");
+    drop(db);
+    let db = open_db(&db_path).expect("open db");
+    let raft = db.cf_handle(CF_RAFT).expect("raft cf");
+    db.put_cf(
+        raft,
+        keys::FILES_PURGED,
+        values::encode(&5u64).expect("encode"),
+    )
+    .expect("write");
+    let err = marks_of(&db, dir.path()).expect_err("entries 6 to 25 are gone");
+    assert!(err.to_string().contains("from index 6"), "{err}");
+}

@@ -20,6 +20,7 @@ pub mod backup;
 pub mod datadir;
 pub mod faults;
 pub mod log;
+pub mod records;
 pub mod segments;
 pub mod sm;
 pub mod snapshot;
@@ -222,6 +223,9 @@ pub mod keys {
     pub const VOTE: &[u8] = b"vote";
     pub const COMMITTED: &[u8] = b"committed";
     pub const LAST_PURGED: &[u8] = b"last_purged";
+    /// The index up to which the log's segments were removed: at or below `LAST_PURGED`, lower
+    /// while records point into entries Raft has purged (`log::LogStore::purge`).
+    pub const FILES_PURGED: &[u8] = b"files_purged";
     /// Present once every value of the store carries a format byte (`values::upgrade`).
     pub const VALUES_FORMAT: &[u8] = b"format";
 }

@@ -7,7 +7,7 @@
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use openraft::storage::EntryResponder;
 use openraft::storage::RaftStateMachine;
@@ -15,8 +15,8 @@ use openraft::{EntryPayload, RaftSnapshotBuilder};
 use rocksdb::{Direction, IteratorMode, WriteBatch, DB};
 use tokio::sync::watch;
 
+use super::records::{self, Entries};
 use super::{keys, snapshot, subs, values, CF_SM};
-use crate::codec;
 use crate::raft::{
     to_io, Entry, LogId, Snapshot, SnapshotData, SnapshotMeta, StorageResult, StoredMembership,
     TypeConfig,
@@ -25,9 +25,6 @@ use crate::state::{
     apply_entry, ApplyResponse, CommitPoint, LogPayload, ProducerState, ReadFault, RecordSource,
     SmState, StoredRecord, TopicMeta, Write,
 };
-
-/// Version byte in front of every stored record.
-const RECORD_FORMAT: u8 = 1;
 
 /// The applied state as readers see it.
 #[derive(Debug, Default)]
@@ -60,23 +57,9 @@ pub struct SmShared {
     load_batch_bytes: AtomicU64,
     /// `applied_bytes` when the last snapshot was started.
     snapshot_mark: AtomicU64,
-}
-
-pub(crate) fn encode_record(r: &StoredRecord) -> Result<Vec<u8>, bincode::Error> {
-    let mut out = Vec::with_capacity(r.value.len() + 32);
-    out.push(RECORD_FORMAT);
-    out.extend(codec::encode(r)?);
-    Ok(out)
-}
-
-pub(crate) fn decode_record(bytes: &[u8]) -> Result<StoredRecord, String> {
-    match bytes.split_first() {
-        Some((&RECORD_FORMAT, rest)) => {
-            codec::decode(rest).map_err(|e| format!("corrupt record: {e}"))
-        }
-        Some((v, _)) => Err(format!("record has unknown format version {v}")),
-        None => Err("empty record".into()),
-    }
+    /// The Raft log, which holds the bytes of published records (`records`). Until it is
+    /// attached, records are stored whole.
+    log: OnceLock<Arc<dyn Entries>>,
 }
 
 /// The in-memory counters of [`SmState`] that are persisted under `m:state`.
@@ -90,9 +73,10 @@ pub(super) enum SmMeta {
     },
 }
 
-/// Reads stored records for apply, from RocksDB.
+/// Reads stored records for apply, from RocksDB and the log.
 struct DbRecords<'a> {
     db: &'a DB,
+    reader: records::Reader<'a>,
 }
 
 impl RecordSource for DbRecords<'_> {
@@ -108,7 +92,7 @@ impl RecordSource for DbRecords<'_> {
             .ok_or_else(|| fault("column family sm missing".into()))?;
         match self.db.get_cf(cf, keys::record(topic_id, offset)) {
             Ok(None) => Ok(None),
-            Ok(Some(bytes)) => decode_record(&bytes).map(Some).map_err(fault),
+            Ok(Some(bytes)) => self.reader.record(&bytes).map(Some).map_err(fault),
             Err(e) => Err(fault(format!("RocksDB: {e}"))),
         }
     }
@@ -162,10 +146,21 @@ impl SmShared {
             applied_bytes: AtomicU64::new(0),
             load_batch_bytes: AtomicU64::new(snapshot::LOAD_BATCH_BYTES as u64),
             snapshot_mark: AtomicU64::new(0),
+            log: OnceLock::new(),
         }))
     }
 
     /// A read view of the applied state. Hold it briefly: apply waits for it.
+    /// Gives the state machine its Raft log: from then on, a published record is stored as
+    /// where the log holds it. Once only; later calls change nothing.
+    pub fn attach_log(&self, log: Arc<dyn Entries>) {
+        let _ = self.log.set(log);
+    }
+
+    fn log(&self) -> Option<&dyn Entries> {
+        self.log.get().map(|l| l.as_ref())
+    }
+
     pub fn view(&self) -> RwLockReadGuard<'_, SmView> {
         self.view.read().unwrap_or_else(|p| p.into_inner())
     }
@@ -201,6 +196,7 @@ impl SmShared {
         let std::ops::Range { start: from, end } = offsets;
         let cf = self.db.cf_handle(CF_SM).ok_or("column family sm missing")?;
         let start = keys::record(topic.id, from);
+        let reader = records::Reader::new(self.log());
         let mut out = Vec::new();
         let mut bytes = 0u64;
         for item in self
@@ -214,7 +210,7 @@ impl SmShared {
             if id != topic.id || offset >= end || out.len() as u64 >= max {
                 break;
             }
-            let rec = decode_record(&v)?;
+            let rec = reader.record(&v)?;
             bytes += rec.value.len() as u64;
             if !out.is_empty() && bytes > max_bytes {
                 break;
@@ -273,7 +269,10 @@ impl SmShared {
                         .fetch_add(bytes as u64, Ordering::Relaxed);
                     apply_entry(
                         &mut view.state,
-                        &DbRecords { db: &self.db },
+                        &DbRecords {
+                            db: &self.db,
+                            reader: records::Reader::new(self.log()),
+                        },
                         index,
                         batch,
                         &mut writes,
@@ -355,12 +354,17 @@ impl SmShared {
                     topic_id,
                     offset,
                     record,
+                    at,
                 } => {
-                    batch.put_cf(
-                        cf,
-                        keys::record(topic_id, offset),
-                        encode_record(&record).map_err(enc)?,
-                    );
+                    // The log holds a published record's bytes: keep where, if it can be read.
+                    let value = match at.filter(|_| self.log.get().is_some()) {
+                        Some(at) => records::encode_at(&records::AtValue {
+                            timestamp_ms: record.timestamp_ms,
+                            at,
+                        }),
+                        None => records::encode_record(&record),
+                    };
+                    batch.put_cf(cf, keys::record(topic_id, offset), value.map_err(enc)?);
                 }
                 // Written once at the end, whatever number of commands touched it.
                 Write::PutSub(id) => {
@@ -464,9 +468,10 @@ impl SmShared {
             Ok(())
         };
         let mut whole = subs::Whole::default();
+        let reader = records::Reader::new(self.log());
         for item in self.db.iterator_cf_opt(cf, opts, IteratorMode::Start) {
             let (k, v) = item.map_err(|e| e.to_string())?;
-            whole.push(&k, &v, &mut fold)?;
+            whole.push(&k, &reader.whole(&k, &v)?, &mut fold)?;
         }
         whole.finish(&mut fold)?;
         Ok((index, format!("{pairs}-{bytes}-{:08x}", crc.finalize())))
@@ -487,15 +492,29 @@ impl SmShared {
             let _whole = self.view();
             self.db.snapshot()
         };
-        let (meta, path, bytes) =
-            snapshot::build_from(&self.db, &view, &self.snapshot_dir, snapshot_id_suffix())
-                .map_err(to_io)?;
+        let reader = records::Reader::new(self.log());
+        let (meta, path, bytes) = snapshot::build_from(
+            &self.db,
+            &view,
+            &self.snapshot_dir,
+            snapshot_id_suffix(),
+            &reader,
+        )
+        .map_err(to_io)?;
         drop(view);
         // Once this returns, openraft may purge the log up to the snapshot. Apply writes skip
         // the WAL, so make the applied state durable in table files first: a crash then
         // re-applies only what came after, from the log, instead of loading the whole
         // snapshot file again at start-up (which `open` would do, and is correct, but slow).
         self.flush_state()?;
+        // What the state on disk points into the log is now at least what the snapshot's view
+        // pointed into (records only go, and new ones point past the view): the log may let
+        // go of the entries below it. Not before the flush: until then, the state on disk may
+        // be an older one that points further back.
+        if let Some(log) = self.log() {
+            let applied = meta.last_log_id.as_ref().map_or(0, |l| l.index);
+            log.keep_from(reader.lowest().unwrap_or(applied + 1));
+        }
         let (meta, path) = self.adopt_built(meta, path, bytes);
         log_snapshot("built", &meta, bytes, started);
         metrics::histogram!("raftq_snapshot_build_seconds").record(started.elapsed().as_secs_f64());
@@ -559,6 +578,11 @@ impl SmShared {
         super::faults::point(super::faults::INSTALL_STORED).map_err(fault)?;
         let bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
         self.load_snapshot(&path).map_err(fail)?;
+        // The loaded state holds records whole (load_into's writes are durable once it
+        // returns), and records appended from now on point past the snapshot.
+        if let Some(log) = self.log() {
+            log.keep_from(got.last_log_id.as_ref().map_or(0, |l| l.index) + 1);
+        }
         log_snapshot("installed", &got, bytes, started);
         metrics::histogram!("raftq_snapshot_install_seconds")
             .record(started.elapsed().as_secs_f64());

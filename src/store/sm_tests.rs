@@ -462,8 +462,15 @@ fn a_build_that_finishes_after_an_install_keeps_the_newer_snapshot() {
     let (dir, follower) = node_with(2);
     // The build takes its view and writes its file (index 2)...
     let view = follower.db.snapshot();
-    let (built, built_path, bytes) =
-        snapshot::build_from(&follower.db, &view, &dir.path().join("snapshots"), 1).expect("build");
+    let records = records::Reader::new(None);
+    let (built, built_path, bytes) = snapshot::build_from(
+        &follower.db,
+        &view,
+        &dir.path().join("snapshots"),
+        1,
+        &records,
+    )
+    .expect("build");
     drop(view);
     // ...meanwhile the leader's snapshot (index 8) is installed...
     let mut src = std::fs::File::open(&path).expect("snapshot file");
@@ -637,4 +644,153 @@ async fn apply_waits_until_the_local_log_is_durable_up_to_its_entries() {
     durable.send_replace(3);
     apply.await.expect("apply 2 and 3");
     assert_eq!(shared.view().commit_point.index, 3);
+}
+
+/// A log of entries in memory that the state machine reads records from.
+#[derive(Default)]
+struct MemLog {
+    entries: Mutex<std::collections::BTreeMap<u64, Entry>>,
+    keep_from: AtomicU64,
+}
+
+impl Entries for MemLog {
+    fn entry(&self, index: u64) -> Result<Entry, String> {
+        let entries = self.entries.lock().expect("lock");
+        entries
+            .get(&index)
+            .cloned()
+            .ok_or_else(|| format!("log entry {index} is not in the log"))
+    }
+
+    fn keep_from(&self, index: u64) {
+        self.keep_from.fetch_max(index, Ordering::SeqCst);
+    }
+}
+
+/// The pairs a snapshot file holds.
+fn snapshot_pairs(path: &std::path::Path) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let mut pairs = Vec::new();
+    let file = std::fs::File::open(path).expect("open the snapshot");
+    snapshot::read(file, |k, v| {
+        pairs.push((k, v));
+        Ok(())
+    })
+    .expect("read the snapshot");
+    pairs
+}
+
+/// A published record is stored as where the log holds it (a few bytes, not its value), and
+/// reads, the state digest and a snapshot see it whole, exactly as on a node that stores it
+/// whole; a snapshot tells the log how far back records point. A record whose entry the log
+/// lost is an error that names it, not a wrong record.
+#[test]
+fn published_records_are_stored_as_their_place_in_the_log() {
+    let (_d1, db, logged) = fresh_node();
+    let log = Arc::new(MemLog::default());
+    logged.attach_log(log.clone());
+    let (_d2, _db2, whole) = fresh_node();
+    let marker = Command::Broadcast(crate::state::Broadcast {
+        topics: None,
+        record: NewRecord {
+            key: Some("k".into()),
+            headers: vec![("h".into(), "v".into())],
+            value: b"marker".to_vec(),
+        },
+    });
+    let entries = vec![
+        entry(1, vec![create_topic_t()]),
+        entry(2, vec![publish(0), marker]),
+        entry(3, vec![create_sub_s(), publish(1), publish(2)]),
+    ];
+    for e in &entries {
+        log.entries
+            .lock()
+            .expect("lock")
+            .insert(e.log_id.index, e.clone());
+    }
+    logged.apply_blocking(entries.clone()).expect("apply");
+    whole.apply_blocking(entries).expect("apply");
+
+    let topic = logged.view().state.topics["t"].clone();
+    let cf = db.cf_handle(CF_SM).expect("sm cf");
+    let stored = |offset| {
+        db.get_cf(cf, keys::record(topic.id, offset))
+            .expect("get")
+            .expect("stored")
+    };
+    // Offsets 0, 2 and 3 were published; 1 is the marker, built in apply, stored whole.
+    for offset in [0, 2, 3] {
+        let value = stored(offset);
+        assert_eq!(value[0], records::RECORD_AT_FORMAT, "offset {offset}");
+        assert!(value.len() < 32, "offset {offset}: {} bytes", value.len());
+    }
+    assert_eq!(stored(1)[0], records::RECORD_FORMAT);
+
+    let read = |sm: &SmShared| sm.read_records(&topic, 0..4, 10, 1 << 20).expect("read");
+    let got = read(&logged);
+    assert_eq!(got, read(&whole));
+    assert_eq!(
+        got.iter().map(|(_, r)| r.value.clone()).collect::<Vec<_>>(),
+        [&b"v0"[..], b"marker", b"v1", b"v2"]
+    );
+    assert_eq!(got[0].1.timestamp_ms, 1_002);
+    assert_eq!(
+        logged.digest().expect("digest"),
+        whole.digest().expect("digest")
+    );
+
+    let (_, logged_snapshot) = logged.build_blocking().expect("build");
+    let (_, whole_snapshot) = whole.build_blocking().expect("build");
+    assert!(snapshot_pairs(&logged_snapshot) == snapshot_pairs(&whole_snapshot));
+    assert_eq!(
+        log.keep_from.load(Ordering::SeqCst),
+        2,
+        "the lowest entry pointed into"
+    );
+
+    log.entries.lock().expect("lock").remove(&3);
+    let err = logged
+        .read_records(&topic, 2..4, 10, 1 << 20)
+        .expect_err("entry 3 is gone");
+    assert!(err.contains("log entry 3"), "{err}");
+}
+
+/// A snapshot brings records in whole: once one is installed, the log may let go of every
+/// entry up to it.
+#[test]
+fn an_installed_snapshot_lets_the_log_go_up_to_it() {
+    let (_leader_dir, leader) = node_with(5);
+    let (meta, path) = leader.build_blocking().expect("build");
+    let (_dir, _db, follower) = fresh_node();
+    let log = Arc::new(MemLog::default());
+    follower.attach_log(log.clone());
+    let mut file = std::fs::File::open(&path).expect("open");
+    follower
+        .install_blocking(&mut file, &meta.raft_meta())
+        .expect("install");
+    assert_eq!(log.keep_from.load(Ordering::SeqCst), 6);
+}
+
+/// At start-up, a log that no longer holds the entry a topic's first record points into is a
+/// store that lost data; records stored whole need nothing from the log.
+#[test]
+fn start_up_finds_a_log_that_lost_what_records_point_into() {
+    let (_dir, db, shared) = fresh_node();
+    // Stored whole (no log attached yet): the log is not needed.
+    shared
+        .apply_blocking(vec![entry(1, vec![create_topic_t()]), entry(2, vec![publish(0)])])
+        .expect("apply");
+    assert_eq!(records::check_log_holds(&db, None), Ok(()));
+
+    let (_dir, db, shared) = fresh_node();
+    let log = Arc::new(MemLog::default());
+    shared.attach_log(log.clone());
+    let entries = vec![entry(1, vec![create_topic_t()]), entry(2, vec![publish(0)])];
+    shared.apply_blocking(entries).expect("apply");
+    assert_eq!(records::check_log_holds(&db, Some(1)), Ok(()));
+    assert_eq!(records::check_log_holds(&db, Some(2)), Ok(()));
+    for lost in [Some(3), None] {
+        let err = records::check_log_holds(&db, lost).expect_err("entry 2 is gone");
+        assert!(err.contains("log entry 2"), "{err}");
+    }
 }

@@ -143,13 +143,15 @@ pub fn file_name(meta: &FileMeta) -> String {
 }
 
 /// Builds a snapshot of the `sm` column family from a consistent RocksDB view (apply may go
-/// on meanwhile) and writes it durably into `dir`. Returns its meta, path and size.
+/// on meanwhile) and writes it durably into `dir`. Returns its meta, path and size. Every
+/// record must be stored whole (a state machine with no log: tools and tests).
 pub fn build(
     db: &DB,
     dir: &Path,
     id_suffix: u64,
 ) -> Result<(FileMeta, PathBuf, u64), SnapshotError> {
-    build_from(db, &db.snapshot(), dir, id_suffix)
+    let records = super::records::Reader::new(None);
+    build_from(db, &db.snapshot(), dir, id_suffix, &records)
 }
 
 /// [`build`] from the RocksDB view `view`, taken by the caller (at a moment when the state
@@ -159,6 +161,7 @@ pub fn build_from(
     view: &rocksdb::Snapshot<'_>,
     dir: &Path,
     id_suffix: u64,
+    records: &super::records::Reader<'_>,
 ) -> Result<(FileMeta, PathBuf, u64), SnapshotError> {
     fs::create_dir_all(dir)?;
     let cf = db
@@ -209,8 +212,10 @@ pub fn build_from(
         Ok(())
     };
     let mut whole = subs::Whole::default();
+    // Records go in whole too, read from the log where the state machine keeps their place.
     for item in db.iterator_cf_opt(cf, opts, IteratorMode::Start) {
         let (k, v) = item?;
+        let v = records.whole(&k, &v).map_err(SnapshotError::Corrupt)?;
         whole.push(&k, &v, &mut put)?;
     }
     whole.finish(&mut put)?;

@@ -1,10 +1,11 @@
 //! The format byte in front of every value the store keeps, and the upgrade of a store written
 //! before all of them had one.
 //!
-//! Log entries start with `log::ENTRY_FORMAT`, records with `sm::RECORD_FORMAT`; everything
-//! else (Raft's vote, committed and last purged ids in the `raft` family; the applied id, the
-//! membership, the clock and counters, topics, subscriptions and producers in the `sm` family)
-//! starts with [`META_FORMAT`], followed by the value's codec bytes. A value whose encoding
+//! Log entries start with `log::ENTRY_FORMAT`, records with `records::RECORD_FORMAT` (whole) or
+//! `records::RECORD_AT_FORMAT` (where the log holds them); everything else (Raft's vote,
+//! committed and last purged ids and the log's purge point in the `raft` family; the applied
+//! id, the membership, the clock and counters, topics, subscriptions and producers in the `sm`
+//! family) starts with [`META_FORMAT`], followed by the value's codec bytes. A value whose encoding
 //! changes gets a new format byte beside the old one, never a changed one.
 //!
 //! Data directory format 2 stored the six values of [`BARE`] as codec bytes alone. Opening such

@@ -25,8 +25,8 @@ use serde::{Deserialize, Serialize};
 
 pub use producers::{ProducerSeq, ProducerState, Producers};
 pub use publish::{
-    record_size, stored_size, Broadcast, NewRecord, Publish, StoredRecord, HEADER_COMMIT_INDEX,
-    HEADER_COMMIT_TIMESTAMP_MS,
+    record_size, stored_size, Broadcast, NewRecord, Publish, RecordAt, StoredRecord,
+    HEADER_COMMIT_INDEX, HEADER_COMMIT_TIMESTAMP_MS,
 };
 pub use subscriptions::{
     CreateSub, Delivery, Pull, Receipt, ReceiptAction, ReceiptOutcome, SetCursor, SettleReceipts,
@@ -290,6 +290,7 @@ fn pending_record(pending: &[Write], topic_id: u64, offset: u64) -> Option<Store
             topic_id: t,
             offset: o,
             record,
+            ..
         } if *t == topic_id && *o == offset => Some(record.clone()),
         _ => None,
     })
@@ -312,11 +313,14 @@ pub enum Write {
     PutTopic(String),
     /// Remove a topic and every record it had.
     DeleteTopic { name: String, id: u64 },
-    /// Store one record.
+    /// Store one record. `at`: where the Raft log holds it, when it is a published record
+    /// unchanged; the store may keep that instead of the bytes (a marker or a dead-lettered
+    /// copy, built in apply, has none).
     PutRecord {
         topic_id: u64,
         offset: u64,
         record: StoredRecord,
+        at: Option<RecordAt>,
     },
     /// Persist the current state of this subscription.
     PutSub(u64),
@@ -347,7 +351,11 @@ pub fn apply_entry(
     let results = batch
         .commands
         .iter()
-        .map(|cmd| apply_command(state, source, index, cmd, writes))
+        .enumerate()
+        .map(|(position, cmd)| {
+            let position = u32::try_from(position).ok();
+            apply_command(state, source, (index, position), cmd, writes)
+        })
         .collect::<Result<_, _>>()?;
     retention::enforce(state, source, writes)?;
     Ok(ApplyResponse {
@@ -359,17 +367,18 @@ pub fn apply_entry(
     })
 }
 
+/// Applies `cmd`, command `at.1` (when it fits a `u32`) of the entry at index `at.0`.
 fn apply_command(
     state: &mut SmState,
     source: &dyn RecordSource,
-    index: u64,
+    at: (u64, Option<u32>),
     cmd: &Command,
     writes: &mut Vec<Write>,
 ) -> Result<CommandResult, ReadFault> {
     Ok(match cmd {
         Command::CreateTopic(c) => topics::create(state, c, writes),
         Command::DeleteTopic(c) => topics::delete(state, c, writes),
-        Command::Publish(c) => publish::publish(state, c, writes),
+        Command::Publish(c) => publish::publish(state, at, c, writes),
         Command::Tick => Ok(Outcome::Ticked),
         Command::CreateSubscription(c) => subscriptions::create(state, c, writes),
         Command::DeleteSubscription(c) => subscriptions::delete(state, c, writes),
@@ -378,7 +387,7 @@ fn apply_command(
             return subscriptions::settle_receipts(state, source, c, writes)
         }
         Command::SetCursor(c) => subscriptions::set_cursor(state, c, writes),
-        Command::Broadcast(c) => publish::broadcast(state, index, c, writes),
+        Command::Broadcast(c) => publish::broadcast(state, at.0, c, writes),
     })
 }
 

@@ -32,6 +32,17 @@ pub struct StoredRecord {
     pub value: Vec<u8>,
 }
 
+/// Where a published record lies in the Raft log: record `record` of command `command` (a
+/// [`Publish`]) of the entry at `index`. The store may keep this instead of the record's bytes,
+/// which the log already holds: the record is that [`NewRecord`] with the timestamp of the
+/// entry's apply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecordAt {
+    pub index: u64,
+    pub command: u32,
+    pub record: u32,
+}
+
 /// Bytes a record counts for in limits and in topic sizes: value, key and headers.
 pub fn record_size(r: &NewRecord) -> u64 {
     size_of(r.key.as_deref(), &r.headers, &r.value)
@@ -68,10 +79,12 @@ pub const HEADER_COMMIT_INDEX: &str = "raftq-commit-index";
 /// Header of a broadcast marker: the leader time of that entry.
 pub const HEADER_COMMIT_TIMESTAMP_MS: &str = "raftq-commit-timestamp-ms";
 
-/// Appends `record` to the topic `meta` and counts it published.
+/// Appends `record` to the topic `meta` and counts it published. `at`: where the log holds
+/// it, for a record taken unchanged from a [`Publish`].
 pub(super) fn append(
     meta: &mut TopicMeta,
     record: StoredRecord,
+    at: Option<RecordAt>,
     size: u64,
     writes: &mut Vec<Write>,
 ) -> u64 {
@@ -83,6 +96,7 @@ pub(super) fn append(
         topic_id: meta.id,
         offset,
         record,
+        at,
     });
     meta.next_offset += 1;
     meta.bytes += size;
@@ -90,8 +104,10 @@ pub(super) fn append(
     offset
 }
 
+/// Applies `cmd`, command `command` (when it fits a `u32`) of the entry at `index`.
 pub(super) fn publish(
     state: &mut SmState,
+    (index, command): (u64, Option<u32>),
     cmd: &Publish,
     writes: &mut Vec<Write>,
 ) -> CommandResult {
@@ -145,14 +161,21 @@ pub(super) fn publish(
         .get_mut(&cmd.topic)
         .ok_or_else(|| ApplyError::TopicNotFound(cmd.topic.clone()))?;
     let first_offset = meta.next_offset;
-    for (r, size) in cmd.records.iter().zip(sizes) {
+    for (position, (r, size)) in cmd.records.iter().zip(sizes).enumerate() {
         let record = StoredRecord {
             timestamp_ms: clock,
             key: r.key.clone(),
             headers: r.headers.clone(),
             value: r.value.clone(),
         };
-        append(meta, record, size, writes);
+        let at = command
+            .zip(u32::try_from(position).ok())
+            .map(|(command, record)| RecordAt {
+                index,
+                command,
+                record,
+            });
+        append(meta, record, at, size, writes);
     }
     let last_offset = meta.next_offset - 1;
     writes.push(Write::PutTopic(cmd.topic.clone()));
@@ -226,7 +249,7 @@ pub(super) fn broadcast(
     let mut offsets = BTreeMap::new();
     for name in names {
         if let Some(meta) = state.topics.get_mut(&name) {
-            let offset = append(meta, record.clone(), size, writes);
+            let offset = append(meta, record.clone(), None, size, writes);
             writes.push(Write::PutTopic(name.clone()));
             offsets.insert(name, offset);
         }

@@ -77,6 +77,7 @@ impl Harness {
                     topic_id,
                     offset,
                     record,
+                    ..
                 } => {
                     self.records.0.insert((topic_id, offset), record);
                 }

@@ -137,6 +137,48 @@ fn create_topic_table() {
     assert_eq!(state.topics["u"].id, 1);
 }
 
+/// Each published record says where the log holds it: its entry, its command's place in the
+/// entry and its own in the command. A broadcast marker, built in apply, holds other headers
+/// than any record in the log, so it says nothing.
+#[test]
+fn published_records_say_where_the_log_holds_them_and_markers_do_not() {
+    let mut state = SmState::default();
+    run(&mut state, 10, create("t")).0.unwrap();
+    let mut writes = Vec::new();
+    let commands = vec![
+        publish("t", &["a"]),
+        Command::Broadcast(Broadcast {
+            topics: None,
+            record: NewRecord {
+                key: None,
+                headers: vec![],
+                value: b"m".to_vec(),
+            },
+        }),
+        publish("t", &["b", "c"]),
+    ];
+    apply_entry(&mut state, &NoRecords, 7, &batch(20, commands), &mut writes)
+        .expect("no record read fails");
+    let at: Vec<(u64, Option<RecordAt>)> = writes
+        .iter()
+        .filter_map(|w| match w {
+            Write::PutRecord { offset, at, .. } => Some((*offset, *at)),
+            _ => None,
+        })
+        .collect();
+    let at_ = |command, record| {
+        Some(RecordAt {
+            index: 7,
+            command,
+            record,
+        })
+    };
+    assert_eq!(
+        at,
+        [(0, at_(0, 0)), (1, None), (2, at_(2, 0)), (3, at_(2, 1))]
+    );
+}
+
 #[test]
 fn publish_assigns_dense_offsets_and_timestamps() {
     let mut state = SmState::default();
@@ -157,7 +199,8 @@ fn publish_assigns_dense_offsets_and_timestamps() {
                 topic_id,
                 offset,
                 record,
-            } => Some((*topic_id, *offset, record.clone())),
+                at,
+            } => Some((*topic_id, *offset, record.clone(), *at)),
             _ => None,
         })
         .collect();
@@ -166,6 +209,15 @@ fn publish_assigns_dense_offsets_and_timestamps() {
     assert_eq!((records[1].0, records[1].1), (0, 1));
     assert_eq!(records[1].2.value, b"bb");
     assert_eq!(records[0].2.timestamp_ms, 50);
+    // Where the log holds each: record 0 and 1 of command 0 of entry 1 (`run`'s index).
+    let at = |record| {
+        Some(RecordAt {
+            index: 1,
+            command: 0,
+            record,
+        })
+    };
+    assert_eq!((records[0].3, records[1].3), (at(0), at(1)));
     assert!(writes.contains(&Write::PutTopic("t".into())));
     let (r, _) = run(&mut state, 60, publish("t", &["c"]));
     assert_eq!(

@@ -1,0 +1,223 @@
+//! How the state machine stores a record: a published record as where the Raft log holds it
+//! (its bytes are written once, to the log), any other record whole.
+//!
+//! A record appended by a publish is a [`NewRecord`] of a log entry, unchanged, plus the
+//! timestamp of the entry's apply. The state machine keeps `(timestamp, index, command,
+//! record)` behind [`RECORD_AT_FORMAT`] and reads the bytes from the log when the record is
+//! read. A broadcast marker or a dead-lettered copy is built in apply (its headers are not the
+//! log's) and is kept whole behind [`RECORD_FORMAT`], as is every record a snapshot brings in:
+//! snapshot files hold records whole, so they read the same whatever a node stores.
+//!
+//! The log must therefore keep every entry a record points into for as long as the record
+//! lives, whatever Raft purges: the state machine tells the log how far back that is
+//! ([`Entries::keep_from`]), and retention, which removes records, is what lets the log's
+//! segments go. See ARCHITECTURE.md, "Records in the log".
+
+use std::borrow::Cow;
+use std::cell::{Cell, RefCell};
+
+use openraft::EntryPayload;
+use serde::{Deserialize, Serialize};
+
+use super::keys;
+use crate::codec;
+use crate::raft::Entry;
+use crate::state::{Command, LogPayload, RecordAt, StoredRecord};
+
+/// Format byte of a record stored whole.
+pub(crate) const RECORD_FORMAT: u8 = 1;
+/// Format byte of a record stored as where the log holds it.
+pub(crate) const RECORD_AT_FORMAT: u8 = 2;
+
+/// A record stored as where the log holds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct AtValue {
+    pub timestamp_ms: u64,
+    pub at: RecordAt,
+}
+
+/// A stored record value, decoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Stored {
+    Whole(StoredRecord),
+    At(AtValue),
+}
+
+pub(crate) fn encode_record(r: &StoredRecord) -> Result<Vec<u8>, bincode::Error> {
+    let mut out = Vec::with_capacity(r.value.len() + 32);
+    out.push(RECORD_FORMAT);
+    out.extend(codec::encode(r)?);
+    Ok(out)
+}
+
+pub(crate) fn encode_at(value: &AtValue) -> Result<Vec<u8>, bincode::Error> {
+    codec::encode_versioned(RECORD_AT_FORMAT, value)
+}
+
+pub(crate) fn decode(bytes: &[u8]) -> Result<Stored, String> {
+    match bytes.split_first() {
+        Some((&RECORD_FORMAT, rest)) => codec::decode(rest)
+            .map(Stored::Whole)
+            .map_err(|e| format!("corrupt record: {e}")),
+        Some((&RECORD_AT_FORMAT, rest)) => codec::decode(rest)
+            .map(Stored::At)
+            .map_err(|e| format!("corrupt record location: {e}")),
+        Some((v, _)) => Err(format!("record has unknown format version {v}")),
+        None => Err("empty record".into()),
+    }
+}
+
+/// The log entries records point into, read back, and how far back the log must keep them.
+pub trait Entries: Send + Sync {
+    /// The entry at `index`, whether or not Raft has purged it.
+    fn entry(&self, index: u64) -> Result<Entry, String>;
+
+    /// No record points below `index` any more, in the state machine as it is on disk: the
+    /// log may remove entries below it. Never lowers what an earlier call said.
+    fn keep_from(&self, index: u64);
+}
+
+/// The record at `at` in `entry`, with `timestamp_ms`.
+fn record_in(entry: &Entry, value: &AtValue) -> Result<StoredRecord, String> {
+    let AtValue { timestamp_ms, at } = *value;
+    let missing = || {
+        format!(
+            "log entry {} holds no record {} in command {}",
+            at.index, at.record, at.command
+        )
+    };
+    if entry.log_id.index != at.index {
+        return Err(format!(
+            "log entry {} was read for a record of entry {}",
+            entry.log_id.index, at.index
+        ));
+    }
+    let EntryPayload::Normal(LogPayload::V1(batch)) = &entry.payload else {
+        return Err(missing());
+    };
+    let Some(Command::Publish(publish)) = batch.commands.get(at.command as usize) else {
+        return Err(missing());
+    };
+    let r = publish
+        .records
+        .get(at.record as usize)
+        .ok_or_else(missing)?;
+    Ok(StoredRecord {
+        timestamp_ms,
+        key: r.key.clone(),
+        headers: r.headers.clone(),
+        value: r.value.clone(),
+    })
+}
+
+/// Turns stored values into records. Records read in a row mostly lie in one entry: the last
+/// entry read is kept, so each is read and decoded once per run of them.
+pub struct Reader<'a> {
+    log: Option<&'a dyn Entries>,
+    last: RefCell<Option<Entry>>,
+    lowest: Cell<Option<u64>>,
+}
+
+impl<'a> Reader<'a> {
+    /// A reader of the records of a state machine whose log is `log` (none: every record must
+    /// be stored whole).
+    pub fn new(log: Option<&'a dyn Entries>) -> Self {
+        Reader {
+            log,
+            last: RefCell::new(None),
+            lowest: Cell::new(None),
+        }
+    }
+
+    /// The record a stored value holds or points at.
+    pub fn record(&self, bytes: &[u8]) -> Result<StoredRecord, String> {
+        match decode(bytes)? {
+            Stored::Whole(r) => Ok(r),
+            Stored::At(value) => self.resolve(&value),
+        }
+    }
+
+    fn resolve(&self, value: &AtValue) -> Result<StoredRecord, String> {
+        let index = value.at.index;
+        self.lowest
+            .set(Some(self.lowest.get().map_or(index, |l| l.min(index))));
+        let mut last = self.last.borrow_mut();
+        if let Some(entry) = last.as_ref().filter(|e| e.log_id.index == index) {
+            return record_in(entry, value);
+        }
+        let log = self.log.ok_or_else(|| {
+            format!("a record points into log entry {index}, and there is no log to read")
+        })?;
+        let entry = log.entry(index)?;
+        let record = record_in(&entry, value);
+        *last = Some(entry);
+        record
+    }
+
+    /// `value` as a record stored whole, for a pair under `key` of the state machine: what a
+    /// snapshot holds and the state digest counts, the same on every node. Other pairs are
+    /// returned as they are.
+    pub fn whole<'v>(&self, key: &[u8], value: &'v [u8]) -> Result<Cow<'v, [u8]>, String> {
+        if value.first() != Some(&RECORD_AT_FORMAT) || keys::parse_record(key).is_none() {
+            return Ok(Cow::Borrowed(value));
+        }
+        let record = self.record(value)?;
+        encode_record(&record)
+            .map(Cow::Owned)
+            .map_err(|e| e.to_string())
+    }
+
+    /// The lowest log index among the records this reader resolved.
+    pub fn lowest(&self) -> Option<u64> {
+        self.lowest.get()
+    }
+}
+
+/// Whether the log, which starts at `log_first` (none: empty), holds the entry the first record
+/// of each topic points into. At start-up: records only ever go from the front of a topic, so
+/// a log that lacks one of these lost entries the state machine needs.
+pub(crate) fn check_log_holds(db: &rocksdb::DB, log_first: Option<u64>) -> Result<(), String> {
+    use crate::state::TopicMeta;
+    let cf = db
+        .cf_handle(super::CF_SM)
+        .ok_or("column family sm missing")?;
+    // A half-loaded snapshot is loaded again at open, whole records only.
+    if db
+        .get_cf(cf, keys::INSTALLING)
+        .map_err(|e| e.to_string())?
+        .is_some()
+    {
+        return Ok(());
+    }
+    let prefix = [keys::TOPIC_PREFIX];
+    let mode = rocksdb::IteratorMode::From(&prefix, rocksdb::Direction::Forward);
+    for item in db.iterator_cf(cf, mode) {
+        let (k, v) = item.map_err(|e| e.to_string())?;
+        if k.first() != Some(&keys::TOPIC_PREFIX) {
+            break;
+        }
+        let meta: TopicMeta = super::values::decode(&v)?;
+        if meta.records() == 0 {
+            continue;
+        }
+        let Some(bytes) = db
+            .get_cf(cf, keys::record(meta.id, meta.first_offset))
+            .map_err(|e| e.to_string())?
+        else {
+            continue;
+        };
+        if let Stored::At(value) = decode(&bytes)? {
+            let index = value.at.index;
+            if log_first.is_none_or(|first| index < first) {
+                return Err(format!(
+                    "record {} of topic {:?} points into log entry {index}, which the log no \
+                     longer holds (it starts at {})",
+                    meta.first_offset,
+                    String::from_utf8_lossy(&k[1..]),
+                    log_first.map_or("no entry".to_string(), |f| format!("entry {f}"))
+                ));
+            }
+        }
+    }
+    Ok(())
+}
