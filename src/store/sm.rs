@@ -2,8 +2,10 @@
 //! functions and persists what they emit in one RocksDB write batch per apply call.
 //!
 //! Readers (HTTP handlers on any node) see topic metadata from memory and records from
-//! RocksDB. The write lock on the in-memory view is held across the batch write, so a reader
-//! that sees `next_offset = n` always finds every record below `n` on disk.
+//! RocksDB, a published record's bytes from the Raft log it points into ([`records`]). The
+//! write lock on the in-memory view is held across the batch write, so a reader that sees
+//! `next_offset = n` always finds every record below `n` stored (and the log entries they point
+//! into durable: apply waited for them).
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -150,7 +152,6 @@ impl SmShared {
         }))
     }
 
-    /// A read view of the applied state. Hold it briefly: apply waits for it.
     /// Gives the state machine its Raft log: from then on, a published record is stored as
     /// where the log holds it. Once only; later calls change nothing.
     pub fn attach_log(&self, log: Arc<dyn Entries>) {
@@ -161,6 +162,7 @@ impl SmShared {
         self.log.get().map(|l| l.as_ref())
     }
 
+    /// A read view of the applied state. Hold it briefly: apply waits for it.
     pub fn view(&self) -> RwLockReadGuard<'_, SmView> {
         self.view.read().unwrap_or_else(|p| p.into_inner())
     }

@@ -778,7 +778,10 @@ fn start_up_finds_a_log_that_lost_what_records_point_into() {
     let (_dir, db, shared) = fresh_node();
     // Stored whole (no log attached yet): the log is not needed.
     shared
-        .apply_blocking(vec![entry(1, vec![create_topic_t()]), entry(2, vec![publish(0)])])
+        .apply_blocking(vec![
+            entry(1, vec![create_topic_t()]),
+            entry(2, vec![publish(0)]),
+        ])
         .expect("apply");
     assert_eq!(records::check_log_holds(&db, None), Ok(()));
 
