@@ -53,6 +53,15 @@ async fn indexes(store: &mut LogStore) -> Vec<u64> {
         .collect()
 }
 
+/// Writes `value` under `key` in the `raft` family, synced, as the store writes its metadata.
+fn put_raft_meta(db: &DB, key: &[u8], value: &impl serde::Serialize) {
+    let mut batch = WriteBatch::default();
+    let raft = db.cf_handle(CF_RAFT).expect("raft cf");
+    batch.put_cf(raft, key, values::encode(value).expect("encode"));
+    db.write_opt(batch, &crate::store::write_options(true))
+        .expect("write");
+}
+
 fn marks_of(db: &DB, root: &Path) -> StorageResult<Marks> {
     let (log, _) =
         SegmentLog::open(&root.join("log"), u64::MAX, DEFAULT_SEGMENT_BYTES).expect("open the log");
@@ -98,22 +107,9 @@ async fn a_log_that_starts_after_a_gap_is_refused() {
     append_flushed(&mut store, (10..=12).map(|i| blank(1, i)).collect()).await;
     let err = marks_of(&db, dir.path()).expect_err("nothing purged before 10");
     assert!(err.to_string().contains("starts at index 10"), "{err}");
-    let mut batch = WriteBatch::default();
-    let raft = db.cf_handle(CF_RAFT).expect("raft cf");
-    batch.put_cf(
-        raft,
-        keys::LAST_PURGED,
-        values::encode(&log_id(1, 8)).expect("encode"),
-    );
-    db.write(batch).expect("write");
+    put_raft_meta(&db, keys::LAST_PURGED, &log_id(1, 8));
     assert!(marks_of(&db, dir.path()).is_err(), "entry 9 is missing");
-    let mut batch = WriteBatch::default();
-    batch.put_cf(
-        raft,
-        keys::LAST_PURGED,
-        values::encode(&log_id(1, 9)).expect("encode"),
-    );
-    db.write(batch).expect("write");
+    put_raft_meta(&db, keys::LAST_PURGED, &log_id(1, 9));
     assert_eq!(marks_of(&db, dir.path()).expect("marks").log_index, 12);
 }
 
@@ -170,15 +166,7 @@ async fn a_purge_interrupted_after_its_record_is_finished_at_the_next_start() {
         let (db, mut store) = open_store(dir.path(), 0);
         append_flushed(&mut store, (1..=10).map(|i| blank(1, i)).collect()).await;
         // The purge's record, and then the crash: the segments are still there.
-        let mut batch = WriteBatch::default();
-        let raft = db.cf_handle(CF_RAFT).expect("raft cf");
-        batch.put_cf(
-            raft,
-            keys::LAST_PURGED,
-            values::encode(&log_id(1, 20)).expect("encode"),
-        );
-        db.write_opt(batch, &crate::store::write_options(true))
-            .expect("write");
+        put_raft_meta(&db, keys::LAST_PURGED, &log_id(1, 20));
     }
     let (_db, mut store) = open_store(dir.path(), 10);
     let state = store.get_log_state().await.expect("state");
@@ -398,13 +386,7 @@ async fn a_purge_keeps_the_entries_records_point_into() {
     let db_path = dir.path().join("db");
     drop(db);
     let db = open_db(&db_path).expect("open db");
-    let raft = db.cf_handle(CF_RAFT).expect("raft cf");
-    db.put_cf(
-        raft,
-        keys::FILES_PURGED,
-        values::encode(&5u64).expect("encode"),
-    )
-    .expect("write");
+    put_raft_meta(&db, keys::FILES_PURGED, &5u64);
     let err = marks_of(&db, dir.path()).expect_err("entries 6 to 25 are gone");
     assert!(err.to_string().contains("from index 6"), "{err}");
 }
