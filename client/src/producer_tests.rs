@@ -967,6 +967,11 @@ fn a_records_counted_size_is_its_json_size() {
         "controls \u{0}\u{1}\u{8}\u{9}\u{a}\u{c}\u{d}\u{1f}",
         "del \u{7f}, é, ∑, 🦀",
         "/slash/ stays",
+        // One character to escape each, among many that need none (the fast path must see it).
+        "just a \" quote in a longer string of plain text",
+        "just a \\ backslash in a longer string of plain text",
+        "just a \u{1f} control in a longer string of plain text",
+        "just a \t tab in a longer string of plain text",
     ];
     let mut seen = 0;
     for (i, value) in texts.iter().enumerate() {
