@@ -101,6 +101,33 @@ fn decode_raft_bodies(b: &[u8]) {
     let _ = codec::decode_limited::<Result<VoteResponse<TypeConfig>, String>>(b, limit);
 }
 
+/// Two append requests as the streamed appends frame them.
+fn sample_append_stream() -> Vec<u8> {
+    use crate::raft::stream::frame;
+    let req: openraft::raft::AppendEntriesRequest<TypeConfig> =
+        codec::decode(&sample_append()).expect("the sample decodes");
+    let mut out = frame(&req).expect("frame").to_vec();
+    out.extend_from_slice(&frame(&req).expect("frame"));
+    out
+}
+
+/// The streamed appends' frames, of requests (as a follower reads them) and of answers (as the
+/// leader reads them), the bytes arriving whole or in two chunks.
+fn decode_append_stream(b: &[u8]) {
+    use crate::raft::stream::{Answer, Frames};
+    use openraft::raft::AppendEntriesRequest;
+    for cut in [0, b.len() / 2] {
+        let mut requests = Frames::new(1 << 20);
+        let mut answers = Frames::new(1 << 20);
+        for chunk in [&b[..cut], &b[cut..]] {
+            requests.push(chunk);
+            answers.push(chunk);
+            while let Ok(Some(_)) = requests.take::<AppendEntriesRequest<TypeConfig>>() {}
+            while let Ok(Some(_)) = answers.take::<Answer>() {}
+        }
+    }
+}
+
 fn sample_snapshot() -> Vec<u8> {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let db = crate::store::open_db_with(&dir.path().join("db"), 1 << 20).expect("open RocksDB");
@@ -278,6 +305,16 @@ proptest! {
     #[test]
     fn fuzz_raft_rpc_bodies_mutated(b in mutated(sample_append())) {
         decode_raft_bodies(&b);
+    }
+
+    #[test]
+    fn fuzz_append_stream(b in bytes()) {
+        decode_append_stream(&b);
+    }
+
+    #[test]
+    fn fuzz_append_stream_mutated(b in mutated(sample_append_stream())) {
+        decode_append_stream(&b);
     }
 
     #[test]

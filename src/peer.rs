@@ -27,9 +27,10 @@ use raftq_client::api::{ErrorCode, Problem};
 use crate::codec;
 use crate::node::AppState;
 use crate::raft::network::{SnapshotHeader, FORMAT_HEADER, RPC_FORMAT, SECRET_HEADER};
-use crate::raft::{NodeId, Snapshot, SnapshotData, TypeConfig};
+use crate::raft::{stream, NodeId, Snapshot, SnapshotData, TypeConfig};
 use crate::store::{snapshot, Raft, SmShared};
 use crate::tokens::secret_matches;
+use openraft::raft::AppendEntriesRequest;
 
 /// What the `/raft/*` endpoints work with.
 pub struct PeerState {
@@ -187,6 +188,61 @@ async fn append(State(s): State<Peer>, h: HeaderMap, body: RpcBody) -> Result<Re
         raft.append_entries(req).await
     })
     .await
+}
+
+/// Appends as one stream ([`crate::raft::stream`]): each framed request in the body goes to
+/// Raft as it arrives, and each answer goes back framed as Raft gives it, in order, while
+/// later requests are already on their way. A frame that is too large or does not decode ends
+/// the requests there; the answers to those before it still go back, and the sender, missing
+/// the rest, gives the stream up.
+async fn append_stream(
+    State(s): State<Peer>,
+    h: HeaderMap,
+    body: axum::body::Body,
+) -> Result<Response, PeerError> {
+    use futures::StreamExt;
+    use stream::{frame, Answer, Frames};
+
+    authorize(&s, &h)?;
+    check_format(&h)?;
+    let frames = Frames::new(s.body_limit as u64);
+    let chunks = body.into_data_stream();
+    let requests = futures::stream::unfold(
+        (chunks, frames, false),
+        |(mut chunks, mut frames, ended)| async move {
+            if ended {
+                return None;
+            }
+            loop {
+                match frames.take::<AppendEntriesRequest<TypeConfig>>() {
+                    Ok(Some(req)) => return Some((req, (chunks, frames, false))),
+                    Ok(None) => {}
+                    Err(e) => {
+                        tracing::warn!("append stream: {e}; no more requests taken from it");
+                        return None;
+                    }
+                }
+                match chunks.next().await {
+                    Some(Ok(chunk)) => frames.push(&chunk),
+                    Some(Err(e)) => {
+                        tracing::debug!("append stream: the request body broke off: {e}");
+                        return None;
+                    }
+                    None => return None,
+                }
+            }
+        },
+    );
+    let answers = s.raft.stream_append(Box::pin(requests)).map(|answer| {
+        let answer: Answer = answer.map_err(|fatal| fatal.to_string());
+        frame(&answer).map_err(std::io::Error::other)
+    });
+    Ok((
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/octet-stream")],
+        axum::body::Body::from_stream(answers),
+    )
+        .into_response())
 }
 
 /// A node rejoining after it lost data does not vote (see [`crate::rejoin`]): it could help
@@ -430,6 +486,7 @@ pub fn router(state: PeerState) -> Router {
     let limit = state.body_limit;
     Router::new()
         .route("/raft/append", post(append))
+        .route("/raft/append-stream", post(append_stream))
         .route("/raft/vote", post(vote))
         .route("/raft/pre-vote", post(pre_vote))
         .route("/raft/snapshot", post(snapshot))

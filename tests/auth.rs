@@ -264,7 +264,7 @@ async fn every_endpoint_refuses_missing_wrong_and_ungranted_tokens_and_changes_n
         failures.push(format!("/v1 with the cluster secret header: {e}"));
     }
     // And a valid API token never opens the Raft endpoints.
-    for endpoint in ["append", "vote", "snapshot"] {
+    for endpoint in ["append", "append-stream", "vote", "snapshot"] {
         let url = format!("{}/raft/{endpoint}", c.url(follower));
         let resp = c
             .send(

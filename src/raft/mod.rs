@@ -1,8 +1,10 @@
 //! Consensus wiring: the openraft type configuration, the client side of the node-to-node
-//! network ([`network`]; the server side is [`crate::peer`]) and the Raft settings raftq runs
+//! network ([`network`], with [`stream`] for the pipelined appends; the server side is
+//! [`crate::peer`]) and the Raft settings raftq runs
 //! with. The Raft handle itself, which needs the storage, is [`crate::store::Raft`].
 
 pub mod network;
+pub mod stream;
 
 use std::io;
 

@@ -7,14 +7,18 @@
 use std::future::Future;
 use std::sync::Arc;
 
+use futures::future::BoxFuture;
+use futures::stream::BoxStream;
+use futures::Stream;
 use openraft::error::{
     NetworkError, RPCError, RaftError, ReplicationClosed, StreamingError, Unreachable,
 };
-use openraft::network::{RPCOption, RaftNetworkFactory};
+use openraft::network::{stream_append_sequential, RPCOption, RaftNetworkFactory};
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, StreamAppendResult, VoteRequest,
+    VoteResponse,
 };
-use openraft::{BasicNode, RaftNetworkV2};
+use openraft::{BasicNode, OptionalSend, RaftNetworkV2};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::io::AsyncReadExt;
@@ -122,6 +126,9 @@ pub struct Peer {
     target: NodeId,
     url: String,
     net: Network,
+    /// Whether the peer takes appends as one stream ([`super::stream`]); cleared when it
+    /// answers that it does not know the endpoint, and then appends go one request at a time.
+    streams: bool,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
@@ -132,11 +139,13 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             target,
             url: node.addr.trim_end_matches('/').to_string(),
             net: self.clone(),
+            streams: true,
         }
     }
 }
 
 type RpcResult<T> = Result<T, RPCError<TypeConfig>>;
+type StreamItem = Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>;
 
 fn network_err(e: impl std::fmt::Display) -> RPCError<TypeConfig> {
     RPCError::Network(NetworkError::from_string(e))
@@ -244,6 +253,45 @@ impl RaftNetworkV2<TypeConfig> for Peer {
         option: RPCOption,
     ) -> RpcResult<AppendEntriesResponse<TypeConfig>> {
         self.call("append", &rpc, &option).await
+    }
+
+    /// The appends to this follower as one streamed request, several in flight at once (see
+    /// [`super::stream`]); one request at a time to a peer that does not take the stream.
+    fn stream_append<'s, S>(
+        &'s mut self,
+        input: S,
+        option: RPCOption,
+    ) -> BoxFuture<'s, Result<BoxStream<'s, StreamItem>, RPCError<TypeConfig>>>
+    where
+        S: Stream<Item = AppendEntriesRequest<TypeConfig>> + OptionalSend + Unpin + 'static,
+    {
+        Box::pin(async move {
+            if self.streams {
+                let opened = super::stream::open(
+                    &self.net.http,
+                    &self.url,
+                    &self.net.secret,
+                    self.target,
+                    self.net.decode_limit,
+                    option.hard_ttl(),
+                    input,
+                )
+                .await?;
+                match opened {
+                    Ok(answers) => return Ok(answers),
+                    Err(input) => {
+                        tracing::info!(
+                            target = self.target,
+                            "peer does not take streamed appends (an older release); sending \
+                             them one at a time"
+                        );
+                        self.streams = false;
+                        return stream_append_sequential(self, input, option).await;
+                    }
+                }
+            }
+            stream_append_sequential(self, input, option).await
+        })
     }
 
     async fn vote(

@@ -1,0 +1,199 @@
+//! The streamed appends against small servers on a real socket: frames across chunk
+//! boundaries, several requests in flight before the first answer, an older peer (404), and a
+//! peer that takes requests and never answers.
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::routing::post;
+use axum::Router;
+use futures::StreamExt;
+use openraft::raft::AppendEntriesRequest;
+
+use super::*;
+use crate::raft::{TypeConfig, Vote};
+
+fn request(n: u64) -> AppendEntriesRequest<TypeConfig> {
+    AppendEntriesRequest {
+        vote: Vote::new(n, 1),
+        prev_log_id: None,
+        leader_commit: None,
+        entries: vec![],
+    }
+}
+
+/// Serves `router` on a free loopback port: its base URL.
+async fn serve(router: Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, router).await;
+    });
+    format!("http://{addr}")
+}
+
+/// Requests `first..first + n` as a stream that stays open (as openraft's does) until dropped.
+fn requests(first: u64, n: u64) -> impl futures::Stream<Item = AppendEntriesRequest<TypeConfig>> {
+    futures::stream::iter((first..first + n).map(request)).chain(futures::stream::pending())
+}
+
+async fn open_to(
+    url: &str,
+    ttl: Duration,
+    input: impl futures::Stream<Item = AppendEntriesRequest<TypeConfig>> + Send + 'static,
+) -> Result<Result<BoxStream<'static, Item>, impl Sized>, RPCError<TypeConfig>> {
+    open(
+        &reqwest::Client::new(),
+        url,
+        "secret",
+        2,
+        1 << 20,
+        ttl,
+        Box::pin(input),
+    )
+    .await
+}
+
+#[test]
+fn frames_are_taken_whole_across_chunks_and_bad_ones_are_refused() {
+    // A frame is the body of a single append (format 1) behind its length: the bytes on the
+    // wire, pinned.
+    let body = codec::encode(&request(1)).expect("encode");
+    let mut expected = (body.len() as u32).to_le_bytes().to_vec();
+    expected.extend(&body);
+    assert_eq!(frame(&request(1)).expect("frame").to_vec(), expected);
+    let bytes: Vec<u8> = [request(1), request(2)]
+        .iter()
+        .flat_map(|r| frame(r).expect("frame").to_vec())
+        .collect();
+    // Every split of two frames into two chunks gives both, in order, and nothing more.
+    for cut in 0..=bytes.len() {
+        let mut frames = Frames::new(1 << 20);
+        let mut got = Vec::new();
+        for chunk in [&bytes[..cut], &bytes[cut..]] {
+            frames.push(chunk);
+            while let Some(r) = frames
+                .take::<AppendEntriesRequest<TypeConfig>>()
+                .expect("decodes")
+            {
+                got.push(r.vote);
+            }
+        }
+        assert_eq!(got, vec![Vote::new(1, 1), Vote::new(2, 1)], "cut at {cut}");
+        assert!(frames.is_empty());
+    }
+    // A length over the limit is refused before its bytes arrive.
+    let mut frames = Frames::new(16);
+    frames.push(&1000u32.to_le_bytes());
+    let err = frames.take::<Answer>().expect_err("over the limit");
+    assert!(err.contains("over the limit"), "{err}");
+    // Bytes that are not the value are refused.
+    let mut frames = Frames::new(1 << 20);
+    frames.push(&3u32.to_le_bytes());
+    frames.push(&[0xff, 0xff, 0xff]);
+    let err = frames.take::<Answer>().expect_err("garbage");
+    assert!(err.contains("undecodable"), "{err}");
+}
+
+/// The peer answers nothing until it holds three requests: only a sender with several
+/// appends in flight gets any answer.
+#[tokio::test]
+async fn several_appends_are_in_flight_before_the_first_answer() {
+    let router = Router::new().route(
+        &format!("/raft/{PATH}"),
+        post(|body: Body| async move {
+            // The head goes back at once (as a node's does); the answers only once three
+            // requests are in.
+            let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(4);
+            tokio::spawn(async move {
+                let mut chunks = body.into_data_stream();
+                for answer in answers_after_three(&mut chunks).await {
+                    let _ = tx.send(answer).await;
+                }
+                // Hold the stream open, as a node does while its leader still sends.
+                while chunks.next().await.is_some() {}
+            });
+            let body = futures::stream::unfold(rx, |mut rx| async move {
+                rx.recv().await.map(|b| (Ok::<_, std::io::Error>(b), rx))
+            });
+            (StatusCode::OK, Body::from_stream(body)).into_response()
+        }),
+    );
+    let url = serve(router).await;
+    let answers = open_to(&url, Duration::from_secs(5), requests(1, 3))
+        .await
+        .expect("opens")
+        .unwrap_or_else(|_| panic!("the peer takes the stream"));
+    let got: Vec<_> = tokio::time::timeout(Duration::from_secs(10), answers.take(3).collect())
+        .await
+        .expect("three answers, so three requests were in flight at once");
+    for answer in got {
+        assert!(matches!(answer, Ok(Ok(None))), "{answer:?}");
+    }
+}
+
+/// Reads frames until three requests are in, then answers each, in order.
+async fn answers_after_three(chunks: &mut axum::body::BodyDataStream) -> Vec<Bytes> {
+    let mut frames = Frames::new(1 << 20);
+    let mut held = 0;
+    while held < 3 {
+        match frames.take::<AppendEntriesRequest<TypeConfig>>() {
+            Ok(Some(_)) => held += 1,
+            Ok(None) => match chunks.next().await {
+                Some(Ok(chunk)) => frames.push(&chunk),
+                _ => return Vec::new(),
+            },
+            Err(_) => return Vec::new(),
+        }
+    }
+    let answer: Answer = Ok(Ok(None));
+    (0..3).map(|_| frame(&answer).expect("frame")).collect()
+}
+
+#[tokio::test]
+async fn a_peer_without_the_endpoint_gets_the_requests_back_to_send_one_at_a_time() {
+    let url = serve(Router::new()).await;
+    let opened = open_to(&url, Duration::from_secs(5), requests(1, 1))
+        .await
+        .expect("an answer");
+    assert!(opened.is_err(), "a 404 hands the requests back");
+}
+
+#[tokio::test]
+async fn a_peer_that_takes_requests_and_never_answers_times_out() {
+    let router = Router::new().route(
+        &format!("/raft/{PATH}"),
+        post(|body: Body| async move {
+            // Keep reading the requests (so the sender is not held up), answer nothing.
+            tokio::spawn(async move {
+                let mut chunks = body.into_data_stream();
+                while chunks.next().await.is_some() {}
+            });
+            (
+                StatusCode::OK,
+                Body::from_stream(futures::stream::pending::<Result<Bytes, std::io::Error>>()),
+            )
+                .into_response()
+        }),
+    );
+    let url = serve(router).await;
+    let ttl = Duration::from_millis(200);
+    let mut answers = open_to(&url, ttl, requests(1, 1))
+        .await
+        .expect("opens")
+        .unwrap_or_else(|_| panic!("the peer takes the stream"));
+    let first = tokio::time::timeout(Duration::from_secs(10), answers.next())
+        .await
+        .expect("an item well before 10 s");
+    match first {
+        Some(Err(RPCError::Network(e))) => {
+            assert!(e.to_string().contains("did not answer"), "{e}")
+        }
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    assert!(answers.next().await.is_none(), "the stream ends after it");
+}
