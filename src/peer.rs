@@ -207,15 +207,11 @@ async fn append_stream(
     check_format(&h)?;
     let frames = Frames::new(s.body_limit as u64);
     let chunks = body.into_data_stream();
-    let requests = futures::stream::unfold(
-        (chunks, frames, false),
-        |(mut chunks, mut frames, ended)| async move {
-            if ended {
-                return None;
-            }
+    let requests =
+        futures::stream::unfold((chunks, frames), |(mut chunks, mut frames)| async move {
             loop {
                 match frames.take::<AppendEntriesRequest<TypeConfig>>() {
-                    Ok(Some(req)) => return Some((req, (chunks, frames, false))),
+                    Ok(Some(req)) => return Some((req, (chunks, frames))),
                     Ok(None) => {}
                     Err(e) => {
                         tracing::warn!("append stream: {e}; no more requests taken from it");
@@ -231,8 +227,7 @@ async fn append_stream(
                     None => return None,
                 }
             }
-        },
-    );
+        });
     let answers = s.raft.stream_append(Box::pin(requests)).map(|answer| {
         let answer: Answer = answer.map_err(|fatal| fatal.to_string());
         frame(&answer).map_err(std::io::Error::other)

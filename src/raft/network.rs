@@ -147,11 +147,40 @@ impl RaftNetworkFactory<TypeConfig> for Network {
 type RpcResult<T> = Result<T, RPCError<TypeConfig>>;
 type StreamItem = Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>;
 
-fn network_err(e: impl std::fmt::Display) -> RPCError<TypeConfig> {
+pub(super) fn network_err(e: impl std::fmt::Display) -> RPCError<TypeConfig> {
     RPCError::Network(NetworkError::from_string(e))
 }
 
+/// A request that could not be sent: unreachable when no connection could be made.
+pub(super) fn send_err(e: reqwest::Error) -> RPCError<TypeConfig> {
+    if e.is_connect() {
+        RPCError::Unreachable(Unreachable::new(&e))
+    } else {
+        RPCError::Network(NetworkError::new(&e))
+    }
+}
+
+/// A peer's answer other than 2xx, with the start of its body.
+pub(super) fn refused(
+    target: NodeId,
+    status: reqwest::StatusCode,
+    body: &[u8],
+) -> RPCError<TypeConfig> {
+    let text = String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned();
+    network_err(format!("peer {target} answered {status}: {text}"))
+}
+
 impl Peer {
+    /// A Raft RPC to `/raft/{path}`: the cluster secret, the body format, a binary body.
+    pub(super) fn request(&self, path: &str) -> reqwest::RequestBuilder {
+        self.net
+            .http
+            .post(format!("{}/raft/{path}", self.url))
+            .header(SECRET_HEADER, &*self.net.secret)
+            .header(FORMAT_HEADER, RPC_FORMAT)
+            .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
+    }
+
     async fn post(
         &self,
         path: &str,
@@ -159,31 +188,16 @@ impl Peer {
         timeout: std::time::Duration,
     ) -> RpcResult<bytes::Bytes> {
         let resp = self
-            .net
-            .http
-            .post(format!("{}/raft/{path}", self.url))
-            .header(SECRET_HEADER, &*self.net.secret)
-            .header(FORMAT_HEADER, RPC_FORMAT)
-            .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
+            .request(path)
             .timeout(timeout)
             .body(body)
             .send()
             .await
-            .map_err(|e| {
-                if e.is_connect() {
-                    RPCError::Unreachable(Unreachable::new(&e))
-                } else {
-                    RPCError::Network(NetworkError::new(&e))
-                }
-            })?;
+            .map_err(send_err)?;
         let status = resp.status();
         let bytes = resp.bytes().await.map_err(network_err)?;
         if !status.is_success() {
-            let text = String::from_utf8_lossy(&bytes[..bytes.len().min(512)]).into_owned();
-            return Err(network_err(format!(
-                "peer {} answered {status}: {text}",
-                self.target
-            )));
+            return Err(refused(self.target, status, &bytes));
         }
         Ok(bytes)
     }
@@ -268,9 +282,7 @@ impl RaftNetworkV2<TypeConfig> for Peer {
         Box::pin(async move {
             if self.streams {
                 let opened = super::stream::open(
-                    &self.net.http,
-                    &self.url,
-                    &self.net.secret,
+                    self.request(super::stream::PATH),
                     self.target,
                     self.net.decode_limit,
                     option.hard_ttl(),

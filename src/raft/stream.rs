@@ -20,12 +20,13 @@ use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
 use futures::stream::{BoxStream, StreamExt};
-use openraft::error::{NetworkError, RPCError, Unreachable};
+use openraft::error::{RPCError, Unreachable};
 use openraft::raft::{AppendEntriesRequest, StreamAppendResult};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::time::Instant;
 
+use super::network::{network_err, refused, send_err};
 use super::{NodeId, TypeConfig};
 use crate::codec;
 
@@ -100,10 +101,6 @@ impl Frames {
 
 type Item = Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>;
 
-fn network_err(e: impl std::fmt::Display) -> RPCError<TypeConfig> {
-    RPCError::Network(NetworkError::from_string(e))
-}
-
 /// Stops the task that sends the requests when the answers are no longer read.
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
@@ -177,13 +174,11 @@ impl Reading {
     }
 }
 
-/// Opens the stream to `url` and starts sending `input` on it: the answers, in order, or
-/// `Ok(Err(input))` when the peer does not know the endpoint.
-#[allow(clippy::too_many_arguments)]
+/// Opens the stream `request` asks for (a Raft RPC to [`PATH`] on peer `target`) and starts
+/// sending `input` on it: the answers, in order, or `Ok(Err(input))` when the peer does not
+/// know the endpoint.
 pub async fn open<S>(
-    http: &reqwest::Client,
-    url: &str,
-    secret: &str,
+    request: reqwest::RequestBuilder,
     target: NodeId,
     decode_limit: u64,
     ttl: Duration,
@@ -196,19 +191,11 @@ where
     let requests = futures::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|b| (Ok::<_, std::io::Error>(b), rx))
     });
-    let send = http
-        .post(format!("{url}/raft/{PATH}"))
-        .header(super::network::SECRET_HEADER, secret)
-        .header(super::network::FORMAT_HEADER, super::network::RPC_FORMAT)
-        .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
-        .body(reqwest::Body::wrap_stream(requests))
-        .send();
+    let send = request.body(reqwest::Body::wrap_stream(requests)).send();
     // The follower answers the request's head at once; only that is bounded here.
     let resp = match tokio::time::timeout(ttl.max(Duration::from_secs(1)), send).await {
         Err(_) => return Err(network_err(format!("peer {target}: no answer to {PATH}"))),
-        Ok(Err(e)) if e.is_connect() => return Err(RPCError::Unreachable(Unreachable::new(&e))),
-        Ok(Err(e)) => return Err(RPCError::Network(NetworkError::new(&e))),
-        Ok(Ok(resp)) => resp,
+        Ok(result) => result.map_err(send_err)?,
     };
     let status = resp.status();
     if status == reqwest::StatusCode::NOT_FOUND {
@@ -216,10 +203,7 @@ where
     }
     if !status.is_success() {
         let bytes = resp.bytes().await.unwrap_or_default();
-        let text = String::from_utf8_lossy(&bytes[..bytes.len().min(512)]).into_owned();
-        return Err(network_err(format!(
-            "peer {target} answered {status}: {text}"
-        )));
+        return Err(refused(target, status, &bytes));
     }
     let sent = Arc::new(Mutex::new(VecDeque::new()));
     let sender = {

@@ -46,16 +46,8 @@ async fn open_to(
     ttl: Duration,
     input: impl futures::Stream<Item = AppendEntriesRequest<TypeConfig>> + Send + 'static,
 ) -> Result<Result<BoxStream<'static, Item>, impl Sized>, RPCError<TypeConfig>> {
-    open(
-        &reqwest::Client::new(),
-        url,
-        "secret",
-        2,
-        1 << 20,
-        ttl,
-        Box::pin(input),
-    )
-    .await
+    let request = reqwest::Client::new().post(format!("{url}/raft/{PATH}"));
+    open(request, 2, 1 << 20, ttl, Box::pin(input)).await
 }
 
 #[test]
