@@ -7,8 +7,11 @@
 //! - its newest log segment cut short (a clean tail that the segment alone cannot tell from a
 //!   torn write: the durable watermark, or the leader's record of what it acknowledged, sees it);
 //! - both, while every node was down and nobody remembers what it acknowledged;
-//! - bytes flipped in the middle of RocksDB's newest write-ahead log, which holds the vote and
-//!   the other Raft metadata (RocksDB's checksums see it);
+//! - bytes flipped in the middle of a record of RocksDB's newest write-ahead log, which holds
+//!   the vote and the other Raft metadata (RocksDB's checksums see it);
+//! - the length of the record holding the newest vote damaged, in the write-ahead log's last
+//!   block: RocksDB reads that as a write torn by a crash and opens without the records from
+//!   there on, in silence; the durable watermark sees the vote it lost;
 //! - bytes flipped in a data block of a table file (`.sst`), which opening the database does
 //!   not read: the node reads every table file at start to find it;
 //! - its data directory wiped (the cluster knows it as a voter that had the log).
@@ -19,6 +22,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::{Cluster, Load};
+use openraft::vote::RaftLeaderId as _;
 use raftq_client::api::ClusterStatus;
 
 /// The newest file `NNN.<extension>` in `dir` (by its number), and its size.
@@ -45,6 +49,80 @@ fn newest(dir: &Path, extension: &str) -> (PathBuf, u64) {
 /// The newest write-ahead log file of a node's RocksDB, and its size.
 fn newest_wal(data: &Path) -> (PathBuf, u64) {
     newest(&data.join("db"), "log")
+}
+
+/// RocksDB's write-ahead log is a run of 32 KiB blocks of physical records; a block's last
+/// bytes, too few for a header, are padding (RocksDB's `db/log_format.h`).
+const WAL_BLOCK: usize = 32 * 1024;
+
+/// A physical record of a write-ahead log: its header (a masked CRC-32C of the type and the
+/// payload: 4 bytes, the payload's length: 2, its type: 1, and for the recyclable types a log
+/// number: 4) at `at`, then `len` bytes of payload.
+#[derive(Debug, Clone, Copy)]
+struct WalRecord {
+    at: usize,
+    header: usize,
+    len: usize,
+    kind: u8,
+}
+
+impl WalRecord {
+    fn payload(self) -> std::ops::Range<usize> {
+        self.at + self.header..self.at + self.header + self.len
+    }
+
+    /// A record holding a whole write batch (not a fragment of one).
+    fn is_full(self) -> bool {
+        matches!(self.kind, 1 | 5)
+    }
+}
+
+/// The physical records of a write-ahead log, up to the first that is not whole.
+fn wal_records(bytes: &[u8]) -> Vec<WalRecord> {
+    let mut records = Vec::new();
+    let mut at = 0;
+    while at < bytes.len() {
+        let left_in_block = WAL_BLOCK - at % WAL_BLOCK;
+        if left_in_block < 7 {
+            at += left_in_block;
+            continue;
+        }
+        let Some(h) = bytes.get(at..at + 7) else {
+            break;
+        };
+        let (len, kind) = (u16::from_le_bytes([h[4], h[5]]) as usize, h[6]);
+        // Types 5 to 8, and from 10 on the odd ones, carry the log number.
+        let header = if (5..=8).contains(&kind) || (kind >= 10 && kind & 1 == 1) {
+            11
+        } else {
+            7
+        };
+        if (kind == 0 && len == 0)
+            || header + len > left_in_block
+            || at + header + len > bytes.len()
+        {
+            break;
+        }
+        records.push(WalRecord {
+            at,
+            header,
+            len,
+            kind,
+        });
+        at += header + len;
+    }
+    records
+}
+
+/// The vote a whole record's write batch stores, if it stores one: the batch's puts are a tag,
+/// the family, then the key and the value, each after its length (a varint: below 128 here).
+fn vote_in(payload: &[u8]) -> Option<raftq::raft::Vote> {
+    let key = raftq::store::keys::VOTE;
+    let mut pattern = vec![key.len() as u8];
+    pattern.extend_from_slice(key);
+    let at = payload.windows(pattern.len()).position(|w| w == pattern)? + pattern.len();
+    let len = *payload.get(at)? as usize;
+    raftq::store::values::decode(payload.get(at + 1..at + 1 + len)?).ok()
 }
 
 /// The newest segment file of a node's Raft log, and its size.
@@ -218,17 +296,97 @@ async fn a_node_whose_log_segment_was_cut_short_rejoins_as_a_learner() {
     );
 }
 
-/// The vote and the other Raft metadata are in RocksDB's write-ahead log: bytes flipped in its
-/// middle make RocksDB refuse to open the database.
+/// The vote and the other Raft metadata are in RocksDB's write-ahead log: bytes flipped in the
+/// payload of one of its records, with records after it, make RocksDB refuse to open the
+/// database (the record's checksum fails, and it is not a tail torn by a crash).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_whose_wal_has_flipped_bytes_rejoins_as_a_learner() {
     let (c, node, records) = cluster_with_a_stopped_follower().await;
     let (wal, size) = newest_wal(&c.data_dir(node));
-    assert!(size > 2_000, "a write-ahead log of {size} bytes");
-    damage(&wal, size, "flip", 0.1);
+    let mut bytes = std::fs::read(&wal).expect("read the write-ahead log");
+    let found = wal_records(&bytes);
+    // From a tenth of the file on, a whole record with another after it.
+    let Some(record) = found
+        .windows(2)
+        .map(|pair| pair[0])
+        .find(|r| r.at as u64 >= size / 10 && r.is_full() && r.len >= 16)
+    else {
+        panic!("no whole record past a tenth of the {size} bytes: {found:?}");
+    };
+    let middle = record.payload().start + record.len / 2 - 4;
+    for b in &mut bytes[middle..middle + 8] {
+        *b ^= 0x5a;
+    }
+    std::fs::write(&wal, &bytes).expect("write the damaged file");
     c.restart(node).await;
     check_rejoined(&c, node, records, true).await;
     assert!(c.log(node).contains("RocksDB refuses to open it"));
+}
+
+/// A damaged length field in the write-ahead log's last block is, to RocksDB, a record torn by
+/// a crash: it opens the database without that record and those after it, and says nothing.
+/// What it drops there was never synced (the commit index), or is a vote or a purge that was:
+/// the durable watermark holds the vote's term, and a lost purge leaves a log that starts
+/// after its recorded purge point. Here the follower lost the vote of the newest term.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_wal_lost_its_newest_vote_in_silence_rejoins_as_a_learner() {
+    let c = Cluster::start(3).await;
+    let client = c.client_with_topic("kept").await;
+    // A second term: every follower saves a vote of it, synced, after the first term's.
+    let first = c.leader_id().await;
+    c.kill(first);
+    let leader = c.leader_id().await;
+    c.restart(first).await;
+    let records = 20u64;
+    for i in 0..records {
+        if let Err(e) = client
+            .publish_records(
+                "kept",
+                vec![raftq_client::api::RecordIn::text(format!("{i}"))],
+            )
+            .await
+        {
+            c.fail(&format!("publishing record {i}: {e}"));
+        }
+    }
+    c.wait_converged("kept").await;
+    // The follower that ran throughout: its write-ahead log holds both terms' votes.
+    let node = match c.ids().into_iter().find(|id| *id != leader && *id != first) {
+        Some(id) => id,
+        None => c.fail("no follower that ran throughout"),
+    };
+    c.kill(node);
+    let (wal, size) = newest_wal(&c.data_dir(node));
+    let mut bytes = std::fs::read(&wal).expect("read the write-ahead log");
+    let votes: Vec<(WalRecord, u64)> = wal_records(&bytes)
+        .into_iter()
+        .filter(|r| r.is_full())
+        .filter_map(|r| Some((r, vote_in(&bytes[r.payload()])?.leader_id().term())))
+        .collect();
+    let newest = votes.iter().map(|(_, term)| *term).max().unwrap_or(0);
+    let Some(&(record, _)) = votes.iter().find(|(_, term)| *term == newest) else {
+        panic!("no vote in the {size} bytes of {}", wal.display());
+    };
+    assert!(
+        votes.iter().any(|(_, term)| *term < newest),
+        "the log holds the older term's vote too: {votes:?}"
+    );
+    assert_eq!(
+        record.at / WAL_BLOCK,
+        (bytes.len() - 1) / WAL_BLOCK,
+        "the vote of term {newest} is in the log's last block"
+    );
+    // Longer than any block: the record runs past the end of the file.
+    bytes[record.at + 4..record.at + 6].copy_from_slice(&u16::MAX.to_le_bytes());
+    std::fs::write(&wal, &bytes).expect("write the damaged file");
+    c.restart(node).await;
+    check_rejoined(&c, node, records, true).await;
+    let log = c.log(node);
+    assert!(
+        log.contains(&format!("but a vote in term {newest} was on disk before")),
+        "{}",
+        common::tail(&log, 30)
+    );
 }
 
 /// A flipped byte in a table file's data block: RocksDB opens the database without reading
