@@ -190,6 +190,25 @@ async fn stopped_follower_of(c: Cluster, large: u64) -> (Cluster, u64, u64) {
     }
     c.wait_converged("kept").await;
     let follower = c.follower_id().await;
+    // The durable watermark records what the log fsynced lazily (at most 100 ms behind): wait
+    // until it covers what the follower applied, so that the damage below lies under it and
+    // the node's own checks, not only the leader's record of what it acknowledged, must see it.
+    let applied = match c.status(follower).await {
+        Ok(s) => s.last_applied,
+        Err(e) => c.fail(&format!("status of node {follower}: {e}")),
+    };
+    let data = c.data_dir(follower);
+    c.wait_for(
+        &format!("node {follower}'s watermark to reach index {applied}"),
+        Duration::from_secs(10),
+        || async {
+            match raftq::store::watermark::read(&data) {
+                Ok(Some(m)) if m.log_index >= applied => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
     c.kill(follower);
     (c, follower, acked as u64 + large / 4 * 4)
 }
@@ -459,4 +478,73 @@ async fn a_wiped_voter_rejoins_as_a_learner_then_votes_again() {
     c.restart(node).await;
     check_rejoined(&c, node, records, false).await;
     assert!(c.log(node).contains("it is empty, but node"));
+}
+
+/// A node whose disk fills up stops at once, with exit status 70 and the reason in its log: a
+/// write it could not make is never acknowledged, and it does not go on serving from a store
+/// that missed one. The other two keep the cluster going; once there is space again it starts
+/// with the same command line and catches up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_disk_fills_up_stops_then_catches_up() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    let c = Cluster::start_on_fault_disks(3, &[]).await;
+    let client = c.client_with_topic("kept").await;
+    let node = c.follower_id().await;
+    let disk = c.disk(node);
+    // Setting a limit counts the space used anew.
+    disk.set_space_limit(Some(u64::MAX));
+    let used = disk.stats().space_used;
+    disk.set_space_limit(Some(used + 256 * 1024));
+    let acked = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let publisher = tokio::spawn({
+        let (acked, stop) = (acked.clone(), stop.clone());
+        async move {
+            let mut batch = 0u64;
+            while !stop.load(Ordering::SeqCst) && batch < 2_000 {
+                let records = (0..16)
+                    .map(|i| {
+                        raftq_client::api::RecordIn::text(format!(
+                            "{batch}-{i}-{}",
+                            "x".repeat(2048)
+                        ))
+                    })
+                    .collect();
+                match client.publish_records("kept", records).await {
+                    Ok(_) => acked.fetch_add(16, Ordering::SeqCst),
+                    Err(e) => return Err(format!("batch {batch}: {e}")),
+                };
+                batch += 1;
+            }
+            Ok(())
+        }
+    });
+    let status = c.wait_exit(node, Duration::from_secs(60)).await;
+    stop.store(true, Ordering::SeqCst);
+    match publisher.await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => c.fail(&format!("publishing while a follower's disk filled: {e}")),
+        Err(e) => c.fail(&format!("the publisher failed: {e}")),
+    }
+    assert!(disk.stats().enospc > 0, "the disk never said it was full");
+    assert_eq!(status.code(), Some(70), "{status:?}");
+    let log = c.log(node);
+    for said in ["No space left on device", "stopping the node"] {
+        assert!(log.contains(said), "{said:?}: {}", common::tail(&log, 30));
+    }
+    disk.set_space_limit(None);
+    c.restart(node).await;
+    c.wait_converged("kept").await;
+    let acked = acked.load(Ordering::SeqCst);
+    for id in c.ids() {
+        let held = c.read_all(id, "kept").await.len() as u64;
+        assert_eq!(
+            held, acked,
+            "node {id} holds {held} of the {acked} acknowledged"
+        );
+    }
+    let digests = c.digests().await;
+    assert!(digests.iter().all(|d| *d == digests[0]), "{digests:?}");
 }

@@ -208,22 +208,22 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Resolves when Raft stops for any reason other than our own shutdown.
+/// Resolves when Raft stops for any reason other than our own shutdown. Raft's core owns the
+/// senders of its metrics: they close when it stops, and its last full metrics say why. Until
+/// then this waits on the server metrics, which change only with the vote, the state, the
+/// leader or the membership (the full ones change on every turn of the core).
 async fn watch_fatal(node: AppState, raft: Raft) -> String {
-    let mut rx = raft.metrics();
-    loop {
-        if let Err(fatal) = &rx.borrow_watched().running_state {
-            if !node.stopping_raft() {
-                return format!("Raft stopped with a fatal error: {fatal}");
-            }
-        }
-        if rx.changed().await.is_err() {
-            if node.stopping_raft() {
-                std::future::pending::<()>().await;
-            }
-            return "Raft stopped unexpectedly".to_string();
+    let mut rx = raft.server_metrics();
+    while rx.changed().await.is_ok() {}
+    if let Err(fatal) = &raft.metrics().borrow_watched().running_state {
+        if !node.stopping_raft() {
+            return format!("Raft stopped with a fatal error: {fatal}");
         }
     }
+    if node.stopping_raft() {
+        std::future::pending::<()>().await;
+    }
+    "Raft stopped unexpectedly".to_string()
 }
 
 async fn wait_for_signal() -> &'static str {

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use openraft::async_runtime::watch::WatchReceiver as _;
+use openraft::vote::RaftLeaderId as _;
 use openraft::BasicNode;
 
 use crate::clock::{EntryClock, JumpDetector};
@@ -49,6 +50,9 @@ pub(super) fn tick_decision(next_due: Option<u64>, now: u64, may_tick: bool) -> 
     };
     Tick::Wait(wait.min(TICK_LOOK_AGAIN))
 }
+
+/// Longest the size policy waits, after an apply, before it looks at the bytes applied.
+const SNAPSHOT_LOOK_EVERY: Duration = Duration::from_millis(100);
 
 /// Whether applied command bytes since the last snapshot call for a new one.
 pub(super) fn snapshot_due(bytes_since_snapshot: u64, snapshot_bytes: u64) -> bool {
@@ -115,7 +119,8 @@ impl Tasks {
 
     /// Snapshot policy by size: openraft triggers a snapshot after `snapshot_logs` entries;
     /// this task also triggers one once `snapshot_bytes` of commands were applied since the
-    /// last, so a few huge entries cannot grow the log without bound either.
+    /// last, so a few huge entries cannot grow the log without bound either. It looks after
+    /// an apply, at most every [`SNAPSHOT_LOOK_EVERY`]: not once for every entry.
     pub async fn snapshot_by_bytes(self) {
         let mut applied = self.node.applied_changes();
         let mut shutdown = self.node.shutdown_rx();
@@ -130,6 +135,10 @@ impl Tasks {
             }
             tokio::select! {
                 _ = applied.changed() => {}
+                _ = shutdown.changed() => return,
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(SNAPSHOT_LOOK_EVERY) => {}
                 _ = shutdown.changed() => return,
             }
         }
@@ -183,16 +192,19 @@ impl Tasks {
 
     /// Logs, at info, every change of leader or term and of the members as this node sees
     /// them, with the figures an operator needs to follow an election or a membership change.
+    /// It watches openraft's server metrics, which change with the vote, the server state, the
+    /// leader and the membership only (its full metrics change, and wake every watcher, on
+    /// every turn of the Raft core: several times for each entry).
     pub async fn log_changes(self) {
         let node = &self.node;
-        let mut rx = self.raft.metrics();
+        let mut rx = self.raft.server_metrics();
         let mut shutdown = node.shutdown_rx();
         let mut seen: Option<(Option<NodeId>, u64)> = None;
         let mut members: Option<(Option<LogId>, Vec<NodeId>, Vec<NodeId>)> = None;
         loop {
             {
                 let m = rx.borrow_watched();
-                let term = m.current_term;
+                let term = m.vote.leader_id().term();
                 let leader = (m.current_leader, term);
                 if seen != Some(leader) {
                     let previous = seen.and_then(|(l, _)| l);
@@ -200,15 +212,18 @@ impl Tasks {
                         metrics::counter!("raftq_leader_changes_total").increment(1);
                     }
                     match m.current_leader {
-                        Some(id) => tracing::info!(
-                            term,
-                            leader = id,
-                            previous_leader = previous,
-                            this_node_leads = id == node.id(),
-                            last_log_index = m.last_log_index.unwrap_or(0),
-                            last_applied = m.last_applied.map_or(0, |l| l.index),
-                            "leader changed"
-                        ),
+                        Some(id) => {
+                            let data = self.raft.data_metrics().borrow_watched().clone();
+                            tracing::info!(
+                                term,
+                                leader = id,
+                                previous_leader = previous,
+                                this_node_leads = id == node.id(),
+                                last_log_index = data.last_log.map_or(0, |l| l.index),
+                                last_applied = data.last_applied.map_or(0, |l| l.index),
+                                "leader changed"
+                            )
+                        }
                         None => tracing::info!(term, previous_leader = previous, "no leader known"),
                     }
                     seen = Some(leader);
