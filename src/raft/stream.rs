@@ -174,19 +174,34 @@ impl Reading {
     }
 }
 
+/// The requests handed back when the peer does not know the endpoint: the first, taken
+/// before connecting, then the rest.
+pub type HandedBack<S> = futures::stream::Chain<
+    futures::stream::Iter<std::option::IntoIter<AppendEntriesRequest<TypeConfig>>>,
+    S,
+>;
+
 /// Opens the stream `request` asks for (a Raft RPC to [`PATH`] on peer `target`) and starts
 /// sending `input` on it: the answers, in order, or `Ok(Err(input))` when the peer does not
 /// know the endpoint.
+///
+/// Nothing is dialled before `input` gives its first request: after a failed stream,
+/// openraft waits out its backoff inside that first item. Connecting first would dial a peer
+/// that is down again at once, thousands of times a second.
 pub async fn open<S>(
     request: reqwest::RequestBuilder,
     target: NodeId,
     decode_limit: u64,
     ttl: Duration,
-    input: S,
-) -> Result<Result<BoxStream<'static, Item>, S>, RPCError<TypeConfig>>
+    mut input: S,
+) -> Result<Result<BoxStream<'static, Item>, HandedBack<S>>, RPCError<TypeConfig>>
 where
     S: futures::Stream<Item = AppendEntriesRequest<TypeConfig>> + Send + Unpin + 'static,
 {
+    let Some(first) = input.next().await else {
+        return Ok(Ok(futures::stream::empty().boxed()));
+    };
+    let input = futures::stream::iter(Some(first)).chain(input);
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(SEND_QUEUE);
     let requests = futures::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|b| (Ok::<_, std::io::Error>(b), rx))

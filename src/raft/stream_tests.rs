@@ -1,6 +1,6 @@
 //! The streamed appends against small servers on a real socket: frames across chunk
-//! boundaries, several requests in flight before the first answer, an older peer (404), and a
-//! peer that takes requests and never answers.
+//! boundaries, several requests in flight before the first answer, an older peer (404), a
+//! peer that takes requests and never answers, and nothing dialled before there is a request.
 
 use std::time::Duration;
 
@@ -188,4 +188,39 @@ async fn a_peer_that_takes_requests_and_never_answers_times_out() {
         other => panic!("expected a timeout, got {other:?}"),
     }
     assert!(answers.next().await.is_none(), "the stream ends after it");
+}
+
+/// openraft waits out its backoff after a failed stream inside the stream's first item: the
+/// peer is not dialled before that item is there (else a peer that is down would be dialled
+/// again at once, in a loop), and a stream that ends empty dials nothing.
+#[tokio::test]
+async fn nothing_is_dialled_before_the_first_request() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    tokio::spawn({
+        let accepted = accepted.clone();
+        async move {
+            while let Ok((socket, _)) = listener.accept().await {
+                accepted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                drop(socket);
+            }
+        }
+    });
+    let waiting = tokio::time::timeout(
+        Duration::from_millis(300),
+        open_to(&url, Duration::from_secs(1), futures::stream::pending()),
+    )
+    .await;
+    assert!(waiting.is_err(), "open returned before a request was there");
+    let ended = open_to(&url, Duration::from_secs(1), futures::stream::empty())
+        .await
+        .expect("an empty stream opens");
+    let Ok(mut answers) = ended else {
+        panic!("an empty stream was handed back");
+    };
+    assert!(answers.next().await.is_none());
+    assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 0);
 }

@@ -911,8 +911,31 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.write_unsynced(batch)
     }
 
+    /// The commit index saved, but never beyond the log's end. A follower learns that entries
+    /// are committed (by a majority that need not include it) as soon as it has received
+    /// them, before its own log has written them; a crash, or a disk that fills up, can then
+    /// leave a saved commit index past the entries the log holds. openraft applies again up to
+    /// it at start and cannot read what is not there, so start-up would fail; what the log lost
+    /// was never acknowledged by this node, and the leader sends it again.
     async fn read_committed(&mut self) -> StorageResult<Option<LogId>> {
-        Ok(self.get_meta::<Option<LogId>>(keys::COMMITTED)?.flatten())
+        let Some(committed) = self.get_meta::<Option<LogId>>(keys::COMMITTED)?.flatten() else {
+            return Ok(None);
+        };
+        let last_purged: Option<LogId> = self.get_meta(keys::LAST_PURGED)?;
+        let end = self.last_entry_id()?.max(last_purged);
+        Ok(match end {
+            Some(end) if end.index < committed.index => {
+                tracing::info!(
+                    committed = committed.index,
+                    log_end = end.index,
+                    "the saved commit index is past the log's end (entries received but not \
+                     written before the node stopped); starting from the log's end"
+                );
+                Some(end)
+            }
+            Some(_) => Some(committed),
+            None => None,
+        })
     }
 
     async fn append<I>(&mut self, entries: I, callback: IOFlushed<TypeConfig>) -> StorageResult<()>

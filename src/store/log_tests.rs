@@ -96,6 +96,42 @@ async fn stored_marks_follow_the_log_the_purge_and_the_vote() {
     assert_eq!(marks_of(&db, dir.path()).expect("marks").vote_term, 7);
 }
 
+/// A saved commit index past the log's end (a follower that received entries, heard they
+/// were committed, and stopped before writing them) reads back as the log's end, so that
+/// start-up applies only what the log holds; behind a snapshot, the end is the purge point.
+#[tokio::test]
+async fn a_commit_index_past_the_log_reads_back_as_its_end() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_db, mut store) = open_store(dir.path(), 0);
+    assert_eq!(store.read_committed().await.expect("read"), None);
+    append_flushed(&mut store, (1..=5).map(|i| blank(2, i)).collect()).await;
+    store
+        .save_committed(Some(log_id(2, 3)))
+        .await
+        .expect("save");
+    assert_eq!(
+        store.read_committed().await.expect("read"),
+        Some(log_id(2, 3))
+    );
+    store
+        .save_committed(Some(log_id(2, 55)))
+        .await
+        .expect("save");
+    assert_eq!(
+        store.read_committed().await.expect("read"),
+        Some(log_id(2, 5))
+    );
+    store.purge(log_id(2, 5)).await.expect("purge");
+    store
+        .save_committed(Some(log_id(3, 70)))
+        .await
+        .expect("save");
+    assert_eq!(
+        store.read_committed().await.expect("read"),
+        Some(log_id(2, 5))
+    );
+}
+
 /// Entries are removed from the front only by a purge, recorded first: a log that starts
 /// after the entry following the last purged one lost the entries in between.
 #[tokio::test]
