@@ -130,15 +130,20 @@ fn newest_segment(data: &Path) -> (PathBuf, u64) {
     newest(&data.join("log"), "seg")
 }
 
+/// Flips the 8 bytes of `bytes` from `at` on.
+fn flip(bytes: &mut [u8], at: usize) {
+    for b in &mut bytes[at..at + 8] {
+        *b ^= 0x5a;
+    }
+}
+
 /// Flips a few bytes at `fraction` of the file, or cuts it there.
 fn damage(file: &Path, size: u64, how: &str, fraction: f64) {
     let at = (size as f64 * fraction) as u64;
     match how {
         "flip" => {
             let mut bytes = std::fs::read(file).expect("read the file");
-            for b in &mut bytes[at as usize..at as usize + 8] {
-                *b ^= 0x5a;
-            }
+            flip(&mut bytes, at as usize);
             std::fs::write(file, &bytes).expect("write the damaged file");
         }
         "cut" => std::fs::OpenOptions::new()
@@ -332,10 +337,7 @@ async fn a_node_whose_wal_has_flipped_bytes_rejoins_as_a_learner() {
     else {
         panic!("no whole record past a tenth of the {size} bytes: {found:?}");
     };
-    let middle = record.payload().start + record.len / 2 - 4;
-    for b in &mut bytes[middle..middle + 8] {
-        *b ^= 0x5a;
-    }
+    flip(&mut bytes, record.payload().start + record.len / 2 - 4);
     std::fs::write(&wal, &bytes).expect("write the damaged file");
     c.restart(node).await;
     check_rejoined(&c, node, records, true).await;

@@ -213,7 +213,8 @@ impl Tasks {
                     }
                     match m.current_leader {
                         Some(id) => {
-                            let data = self.raft.data_metrics().borrow_watched().clone();
+                            let data = self.raft.data_metrics();
+                            let data = data.borrow_watched();
                             tracing::info!(
                                 term,
                                 leader = id,

@@ -780,6 +780,14 @@ impl LogStore {
             .map_err(to_io)
     }
 
+    /// The last purged log id, and the log's end: its last entry, or the purge point when no
+    /// entry follows it (entries at or below the purge point may stay for the records that
+    /// point into them).
+    fn purged_and_end(&self) -> StorageResult<(Option<LogId>, Option<LogId>)> {
+        let last_purged: Option<LogId> = self.get_meta(keys::LAST_PURGED)?;
+        Ok((last_purged, self.last_entry_id()?.max(last_purged)))
+    }
+
     fn last_entry_id(&self) -> StorageResult<Option<LogId>> {
         if let Some(last) = self.recent().last_id() {
             return Ok(Some(last));
@@ -870,12 +878,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     type LogReader = LogStore;
 
     async fn get_log_state(&mut self) -> StorageResult<LogState<TypeConfig>> {
-        let last_purged: Option<LogId> = self.get_meta(keys::LAST_PURGED)?;
-        // Entries at or below the purge point may stay for the records that point into them.
-        let last = self.last_entry_id()?.max(last_purged);
+        let (last_purged, end) = self.purged_and_end()?;
         Ok(LogState {
             last_purged_log_id: last_purged,
-            last_log_id: last,
+            last_log_id: end,
         })
     }
 
@@ -921,8 +927,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let Some(committed) = self.get_meta::<Option<LogId>>(keys::COMMITTED)?.flatten() else {
             return Ok(None);
         };
-        let last_purged: Option<LogId> = self.get_meta(keys::LAST_PURGED)?;
-        let end = self.last_entry_id()?.max(last_purged);
+        let (_, end) = self.purged_and_end()?;
         Ok(match end {
             Some(end) if end.index < committed.index => {
                 tracing::info!(

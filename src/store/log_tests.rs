@@ -101,33 +101,25 @@ async fn stored_marks_follow_the_log_the_purge_and_the_vote() {
 /// start-up applies only what the log holds; behind a snapshot, the end is the purge point.
 #[tokio::test]
 async fn a_commit_index_past_the_log_reads_back_as_its_end() {
+    async fn saved_then_read(store: &mut LogStore, committed: LogId) -> Option<LogId> {
+        store.save_committed(Some(committed)).await.expect("save");
+        store.read_committed().await.expect("read")
+    }
     let dir = tempfile::tempdir().expect("tempdir");
     let (_db, mut store) = open_store(dir.path(), 0);
     assert_eq!(store.read_committed().await.expect("read"), None);
     append_flushed(&mut store, (1..=5).map(|i| blank(2, i)).collect()).await;
-    store
-        .save_committed(Some(log_id(2, 3)))
-        .await
-        .expect("save");
     assert_eq!(
-        store.read_committed().await.expect("read"),
+        saved_then_read(&mut store, log_id(2, 3)).await,
         Some(log_id(2, 3))
     );
-    store
-        .save_committed(Some(log_id(2, 55)))
-        .await
-        .expect("save");
     assert_eq!(
-        store.read_committed().await.expect("read"),
+        saved_then_read(&mut store, log_id(2, 55)).await,
         Some(log_id(2, 5))
     );
     store.purge(log_id(2, 5)).await.expect("purge");
-    store
-        .save_committed(Some(log_id(3, 70)))
-        .await
-        .expect("save");
     assert_eq!(
-        store.read_committed().await.expect("read"),
+        saved_then_read(&mut store, log_id(3, 70)).await,
         Some(log_id(2, 5))
     );
 }
