@@ -297,7 +297,7 @@ async fn snapshot(
 
 async fn receive_snapshot(
     state: &PeerState,
-    mut file: SnapshotData,
+    mut file: tokio::fs::File,
     path: &std::path::Path,
     body: axum::body::Body,
 ) -> Result<Response, PeerError> {
@@ -334,7 +334,7 @@ async fn receive_snapshot(
     // Checked whole here, so that a broken transfer is refused to its sender; the state
     // machine checks it again as it stores it, and a failure there would stop this node.
     let path = path.to_path_buf();
-    let got = tokio::task::spawn_blocking(move || snapshot::verify(&path))
+    let got = tokio::task::spawn_blocking(move || snapshot::verify_whole(&path))
         .await
         .map_err(|e| PeerError::internal(format!("checking a received snapshot: {e}")))?
         .map_err(|e| PeerError::invalid(format!("received snapshot: {e}")))?;
@@ -346,7 +346,7 @@ async fn receive_snapshot(
     }
     let snapshot = Snapshot {
         meta: header.meta,
-        snapshot: file,
+        snapshot: SnapshotData::File(file),
     };
     let result = state
         .raft

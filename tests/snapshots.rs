@@ -206,19 +206,24 @@ async fn a_follower_catches_up_by_snapshot_and_matches_the_leader_exactly() {
     assert_eq!(status.snapshot, Some(taken.snapshot));
 }
 
+/// Bytes on disk under `path`, each file once however many names it has (a snapshot links
+/// the log's segment files).
 fn dir_size(path: &Path) -> u64 {
-    let mut total = 0;
-    if let Ok(entries) = std::fs::read_dir(path) {
-        for entry in entries.flatten() {
-            let p = entry.path();
-            match entry.metadata() {
-                Ok(m) if m.is_dir() => total += dir_size(&p),
-                Ok(m) => total += m.len(),
-                Err(_) => {}
+    fn walk(path: &Path, seen: &mut std::collections::HashSet<(u64, u64)>) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        let mut total = 0;
+        if let Ok(entries) = std::fs::read_dir(path) {
+            for entry in entries.flatten() {
+                match entry.metadata() {
+                    Ok(m) if m.is_dir() => total += walk(&entry.path(), seen),
+                    Ok(m) if seen.insert((m.dev(), m.ino())) => total += m.len(),
+                    _ => {}
+                }
             }
         }
+        total
     }
-    total
+    walk(path, &mut std::collections::HashSet::new())
 }
 
 /// The bound: with 1 MiB memtables (so a write-ahead log of at most 4 MiB), snapshots every

@@ -151,6 +151,9 @@ pub struct NodeEnv {
     /// Small memtables are flushed within seconds, so that a short run already has table
     /// files (`.sst`) for a fault to damage.
     pub write_buffer_bytes: Option<u64>,
+    /// Every node builds a snapshot every this many log entries and keeps a fifth of them
+    /// behind it (`--snapshot-logs`, `--snapshot-keep-logs`; default: the server's).
+    pub snapshot_logs: Option<u64>,
 }
 
 /// What one disk lost in a power loss.

@@ -27,8 +27,48 @@ pub type Entry = openraft::alias::EntryOf<TypeConfig>;
 pub type Vote = openraft::alias::VoteOf<TypeConfig>;
 pub type StoredMembership = openraft::alias::StoredMembershipOf<TypeConfig>;
 pub type SnapshotMeta = openraft::alias::SnapshotMetaOf<TypeConfig>;
-/// Snapshots travel and are installed as files.
-pub type SnapshotData = tokio::fs::File;
+/// A snapshot's bytes, in the whole format that travels between nodes: a file (one received,
+/// or one whole on disk), or a stream made as it is read (a node's own linked snapshot,
+/// expanded with its records on the way out).
+pub enum SnapshotData {
+    File(tokio::fs::File),
+    Stream(futures::stream::BoxStream<'static, io::Result<bytes::Bytes>>),
+}
+
+impl std::fmt::Debug for SnapshotData {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SnapshotData::File(file) => f.debug_tuple("File").field(file).finish(),
+            SnapshotData::Stream(_) => f.write_str("Stream"),
+        }
+    }
+}
+
+/// Read size when a snapshot file is streamed.
+const SNAPSHOT_CHUNK: usize = 1 << 20;
+
+impl SnapshotData {
+    /// The bytes, as a stream of chunks.
+    pub fn into_stream(self) -> futures::stream::BoxStream<'static, io::Result<bytes::Bytes>> {
+        use futures::StreamExt;
+        use tokio::io::AsyncReadExt;
+        match self {
+            SnapshotData::Stream(s) => s,
+            SnapshotData::File(file) => futures::stream::unfold(file, |mut file| async move {
+                let mut buf = vec![0u8; SNAPSHOT_CHUNK];
+                match file.read(&mut buf).await {
+                    Ok(0) => None,
+                    Ok(n) => {
+                        buf.truncate(n);
+                        Some((Ok(bytes::Bytes::from(buf)), file))
+                    }
+                    Err(e) => Some((Err(e), file)),
+                }
+            })
+            .boxed(),
+        }
+    }
+}
 pub type Snapshot = openraft::alias::SnapshotOf<TypeConfig, SnapshotData>;
 pub type StorageResult<T> = Result<T, io::Error>;
 

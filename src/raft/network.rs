@@ -2,7 +2,7 @@
 //! cluster secret. One pooled HTTP client per node keeps connections alive between calls.
 //!
 //! A snapshot travels as one streamed request: a length-prefixed header (the leader's vote and
-//! the snapshot's meta) followed by the snapshot file, read 1 MiB at a time.
+//! the snapshot's meta) followed by the snapshot in the whole format, 1 MiB at a time.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -21,7 +21,6 @@ use openraft::raft::{
 use openraft::{BasicNode, OptionalSend, RaftNetworkV2};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use tokio::io::AsyncReadExt;
 
 use super::{NodeId, Snapshot, SnapshotData, SnapshotMeta, TypeConfig, Vote};
 use crate::codec;
@@ -57,8 +56,6 @@ pub async fn peer_status(
 
 /// How long one snapshot transfer may take at most.
 const SNAPSHOT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
-/// Read size when streaming a snapshot file.
-const SNAPSHOT_CHUNK: usize = 1 << 20;
 
 /// What precedes the snapshot file in a snapshot transfer.
 #[derive(Debug, Serialize, serde::Deserialize)]
@@ -231,22 +228,11 @@ impl Peer {
         }
         .frame()
         .map_err(network_err)?;
-        let file: SnapshotData = snapshot.snapshot;
-        let chunks =
-            futures::stream::unfold((Some(prefix), file), |(prefix, mut file)| async move {
-                if let Some(p) = prefix {
-                    return Some((Ok::<_, std::io::Error>(bytes::Bytes::from(p)), (None, file)));
-                }
-                let mut buf = vec![0u8; SNAPSHOT_CHUNK];
-                match file.read(&mut buf).await {
-                    Ok(0) => None,
-                    Ok(n) => {
-                        buf.truncate(n);
-                        Some((Ok(bytes::Bytes::from(buf)), (None, file)))
-                    }
-                    Err(e) => Some((Err(e), (None, file))),
-                }
-            });
+        let prefix = Ok::<_, std::io::Error>(bytes::Bytes::from(prefix));
+        let chunks = futures::StreamExt::chain(
+            futures::stream::once(futures::future::ready(prefix)),
+            snapshot.snapshot.into_stream(),
+        );
         let bytes = self
             .post(
                 "snapshot",

@@ -1,9 +1,10 @@
 //! Backups and restores, from the snapshot files nodes already write.
 //!
-//! A backup is a copy of a node's newest snapshot file: the whole applied state (topics,
+//! A backup is a node's newest snapshot in the whole format: the whole applied state (topics,
 //! records, subscriptions with their cursors and leases, producer sequences) as of one log
-//! index, checksummed end to end. Snapshot files are immutable once renamed into place, so a
-//! backup can be taken beside a running node.
+//! index, checksummed end to end. A node's own snapshot links the log's files that hold its
+//! records; the backup reads them from there into the file. Snapshot files and their links are
+//! immutable once renamed into place, so a backup can be taken beside a running node.
 //!
 //! A restore builds, from a backup, the data directory of one node of a *new* cluster: every
 //! node of that cluster is restored from the same file with the same `--peers`, and they then
@@ -83,9 +84,10 @@ pub fn backup(data: &Path, out: &Path) -> anyhow::Result<(FileMeta, u64)> {
     };
     let tmp = dir.join(format!("{}.tmp", name.to_string_lossy()));
     let copied = (|| -> anyhow::Result<u64> {
-        let mut from = File::open(&src).with_context(|| format!("open {}", src.display()))?;
-        let mut to = File::create(&tmp).with_context(|| format!("create {}", tmp.display()))?;
-        let bytes = io::copy(&mut from, &mut to)?;
+        let to = File::create(&tmp).with_context(|| format!("create {}", tmp.display()))?;
+        // A node's own snapshot links its records; the backup holds them whole.
+        let (_, bytes) = snapshot::write_whole(&src, &to)
+            .with_context(|| format!("read {} whole", src.display()))?;
         to.sync_all()?;
         Ok(bytes)
     })();
@@ -96,7 +98,7 @@ pub fn backup(data: &Path, out: &Path) -> anyhow::Result<(FileMeta, u64)> {
             return Err(e);
         }
     };
-    let again = snapshot::verify(&tmp);
+    let again = snapshot::verify_whole(&tmp);
     if again.as_ref().ok().map(|m| m.last_log_id) != Some(meta.last_log_id) {
         let _ = fs::remove_file(&tmp);
         bail!(
@@ -137,7 +139,7 @@ pub struct Target {
 /// Makes `settings.data`, which must be absent or empty, the data directory of node
 /// `settings.id` of a new cluster restored from the backup `from` (see the module's doc).
 pub fn restore(from: &Path, settings: &Target) -> anyhow::Result<Restored> {
-    let meta = snapshot::verify(from)
+    let meta = snapshot::verify_whole(from)
         .with_context(|| format!("{} is not a whole raftq snapshot", from.display()))?;
     let Some(last) = meta.last_log_id else {
         bail!(

@@ -9,6 +9,8 @@ use std::io;
 
 /// After the snapshot's temp file is written, before it is fsynced.
 pub const BUILD_WRITTEN: &str = "snapshot.build.written";
+/// A linked snapshot: after its segment files are linked, before their directory is fsynced.
+pub const BUILD_LINKED: &str = "snapshot.build.linked";
 /// After the temp file is fsynced, before the rename.
 pub const BUILD_SYNCED: &str = "snapshot.build.synced";
 /// After the rename, before the directory is fsynced.
@@ -28,7 +30,7 @@ pub const INSTALL_LOADING: &str = "snapshot.install.loading";
 pub const INSTALL_LOADED: &str = "snapshot.install.loaded";
 
 /// Every point of the snapshot build, in order.
-pub const BUILD: [&str; 3] = [BUILD_WRITTEN, BUILD_SYNCED, BUILD_RENAMED];
+pub const BUILD: [&str; 4] = [BUILD_WRITTEN, BUILD_LINKED, BUILD_SYNCED, BUILD_RENAMED];
 /// Every point of receiving and installing a snapshot, in order.
 pub const INSTALL: [&str; 6] = [
     RECEIVE_WRITTEN,

@@ -603,7 +603,7 @@ pub struct LogEntries {
     keep_from: Arc<AtomicU64>,
 }
 
-impl super::records::Entries for LogEntries {
+impl super::records::EntrySource for LogEntries {
     fn entry(&self, index: u64) -> Result<Entry, String> {
         {
             let recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
@@ -624,9 +624,20 @@ impl super::records::Entries for LogEntries {
         }
         Ok(entry)
     }
+}
 
+impl super::records::Entries for LogEntries {
     fn keep_from(&self, index: u64) {
         self.keep_from.fetch_max(index, Ordering::SeqCst);
+    }
+
+    fn link_segments(&self, first: u64, last: u64, into: &Path) -> Result<(), String> {
+        // Under the segment log's lock: no file is created or removed meanwhile. Entries up
+        // to `last` are durable (a snapshot's are applied), so in the files, not only in memory.
+        lock(&self.segments)
+            .link_range(first, last, into)
+            .map(|_| ())
+            .map_err(|e| format!("linking log entries {first} to {last}: {e}"))
     }
 }
 

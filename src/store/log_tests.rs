@@ -7,6 +7,7 @@ use openraft::RaftLogReader;
 
 use super::*;
 use crate::store::open_db;
+use crate::store::records::EntrySource;
 
 fn log_id(term: u64, index: u64) -> LogId {
     LogId::new(CommittedLeaderId::new(term, 1), index)

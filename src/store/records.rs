@@ -67,14 +67,52 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Stored, String> {
     }
 }
 
-/// The log entries records point into, read back, and how far back the log must keep them.
-pub trait Entries: Send + Sync {
+/// Log entries that records point into, read back.
+pub trait EntrySource {
     /// The entry at `index`, whether or not Raft has purged it.
     fn entry(&self, index: u64) -> Result<Entry, String>;
+}
 
+/// The Raft log as the state machine sees it: the entries its records point into, how far
+/// back the log must keep them, and how a snapshot shares them.
+pub trait Entries: EntrySource + Send + Sync {
     /// No record points below `index` any more, in the state machine as it is on disk: the
     /// log may remove entries below it. Never lowers what an earlier call said.
     fn keep_from(&self, index: u64);
+
+    /// Puts into the directory `into` segment files (`store::segments`) that hold entries
+    /// `first..=last`, all of them durable: hard links to the log's own files, so a snapshot
+    /// holds the records it points at without a copy. The caller syncs `into`.
+    fn link_segments(&self, first: u64, last: u64, into: &std::path::Path) -> Result<(), String>;
+}
+
+/// The entries in a directory of segment files (a snapshot's linked ones), up to an index.
+pub struct SegmentEntries(pub super::segments::SegmentLog);
+
+impl EntrySource for SegmentEntries {
+    fn entry(&self, index: u64) -> Result<Entry, String> {
+        let bytes = self
+            .0
+            .read(index)
+            .map_err(|e| format!("reading log entry {index}: {e}"))?
+            .ok_or_else(|| format!("log entry {index} is not in the linked segments"))?;
+        let entry = super::log::decode_entry(&bytes).map_err(|e| e.to_string())?;
+        if entry.log_id.index != index {
+            return Err(format!("log entry {index} holds entry {}", entry.log_id));
+        }
+        Ok(entry)
+    }
+}
+
+/// The log index a stored record value points into (`None` for a record stored whole).
+pub(crate) fn points_into(bytes: &[u8]) -> Result<Option<u64>, String> {
+    match bytes.first() {
+        Some(&RECORD_AT_FORMAT) => match decode(bytes)? {
+            Stored::At(value) => Ok(Some(value.at.index)),
+            Stored::Whole(_) => Ok(None),
+        },
+        _ => Ok(None),
+    }
 }
 
 /// The record at `at` in `entry`, with `timestamp_ms`.
@@ -113,7 +151,7 @@ fn record_in(entry: &Entry, value: &AtValue) -> Result<StoredRecord, String> {
 /// Turns stored values into records. Records read in a row mostly lie in one entry: the last
 /// entry read is kept, so each is read and decoded once per run of them.
 pub struct Reader<'a> {
-    log: Option<&'a dyn Entries>,
+    log: Option<&'a dyn EntrySource>,
     last: RefCell<Option<Entry>>,
     lowest: Cell<Option<u64>>,
 }
@@ -121,7 +159,7 @@ pub struct Reader<'a> {
 impl<'a> Reader<'a> {
     /// A reader of the records of a state machine whose log is `log` (none: every record must
     /// be stored whole).
-    pub fn new(log: Option<&'a dyn Entries>) -> Self {
+    pub fn new(log: Option<&'a dyn EntrySource>) -> Self {
         Reader {
             log,
             last: RefCell::new(None),

@@ -304,6 +304,94 @@ impl SegmentLog {
         Ok((log, recovery))
     }
 
+    /// Opens the segments in `dir` to read entries up to `through` only, changing nothing: a
+    /// snapshot's linked segments (`store::snapshot`), which share their files with the log
+    /// that wrote them and may be appended to meanwhile. A frame that does not read whole is
+    /// damage at or below `through`, and the end of what is read above it.
+    pub fn open_read_only(dir: &Path, through: u64) -> Result<SegmentLog, SegmentError> {
+        let io = io_at(dir);
+        let mut firsts = Vec::new();
+        for item in fs::read_dir(dir).map_err(&io)? {
+            let name = item.map_err(&io)?.file_name();
+            if let Some(first) = name
+                .to_string_lossy()
+                .strip_suffix(".seg")
+                .and_then(|n| n.parse::<u64>().ok())
+            {
+                firsts.push(first);
+            }
+        }
+        firsts.sort_unstable();
+        let mut log = SegmentLog {
+            dir: dir.to_path_buf(),
+            segments: Vec::new(),
+            max_segment_bytes: DEFAULT_SEGMENT_BYTES,
+            dirty: false,
+        };
+        for first in firsts.into_iter().filter(|f| *f <= through) {
+            let path = dir.join(file_name(first));
+            if let Some(prev) = log.last_index().filter(|p| first != p + 1) {
+                return Err(SegmentError::Damaged {
+                    path,
+                    position: 0,
+                    index: prev + 1,
+                    reason: format!("starts at entry {first}; the segment before ends at {prev}"),
+                });
+            }
+            let (mut positions, len, bad) = scan(&path, first)?;
+            let held = first + positions.len() as u64;
+            if let Some(bad) = bad.filter(|_| held <= through) {
+                return Err(SegmentError::Damaged {
+                    path,
+                    position: bad.position,
+                    index: held,
+                    reason: bad.reason,
+                });
+            }
+            positions.truncate((through + 1 - first) as usize);
+            let file = File::open(&path).map_err(io_at(&path))?;
+            log.segments.push(Segment {
+                first,
+                path,
+                file: Arc::new(file),
+                positions,
+                len,
+            });
+        }
+        Ok(log)
+    }
+
+    /// Hard-links into `into` (an existing directory) every segment file holding entries
+    /// `first..=last`, which must all be in the log: a snapshot's record files, shared with the
+    /// log instead of copied. Entries after `last` in the files are the log's, and readers of
+    /// the links ignore them. The caller syncs `into`. Returns the number of files linked.
+    pub fn link_range(&self, first: u64, last: u64, into: &Path) -> Result<usize, SegmentError> {
+        let missing = |index: u64| SegmentError::Io {
+            path: self.dir.clone(),
+            source: io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("entry {index} is not in the log, so it cannot be linked"),
+            ),
+        };
+        if self.first_index().is_none_or(|f| f > first) {
+            return Err(missing(first));
+        }
+        if self.last_index().is_none_or(|l| l < last) {
+            return Err(missing(last));
+        }
+        let mut linked = 0;
+        for seg in &self.segments {
+            let Some(seg_last) = seg.last() else { continue };
+            if seg_last < first || seg.first > last {
+                continue;
+            }
+            let to = into.join(file_name(seg.first));
+            fs::hard_link(&seg.path, &to).map_err(io_at(&to))?;
+            linked += 1;
+        }
+        Ok(linked)
+    }
+
     /// The first and last index held, if any.
     pub fn first_index(&self) -> Option<u64> {
         self.segments

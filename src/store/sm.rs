@@ -162,6 +162,10 @@ impl SmShared {
         self.log.get().map(|l| l.as_ref())
     }
 
+    fn entry_source(&self) -> Option<&dyn records::EntrySource> {
+        self.log().map(|l| l as &dyn records::EntrySource)
+    }
+
     /// A read view of the applied state. Hold it briefly: apply waits for it.
     pub fn view(&self) -> RwLockReadGuard<'_, SmView> {
         self.view.read().unwrap_or_else(|p| p.into_inner())
@@ -198,7 +202,7 @@ impl SmShared {
         let std::ops::Range { start: from, end } = offsets;
         let cf = self.db.cf_handle(CF_SM).ok_or("column family sm missing")?;
         let start = keys::record(topic.id, from);
-        let reader = records::Reader::new(self.log());
+        let reader = records::Reader::new(self.entry_source());
         let mut out = Vec::new();
         let mut bytes = 0u64;
         for item in self
@@ -227,7 +231,7 @@ impl SmShared {
     /// A storage fault met while applying (a record that cannot be read) fails the whole call:
     /// nothing is written, the in-memory view is reloaded from what RocksDB holds (so no reader
     /// sees a half-applied state), and the error stops Raft, which stops the node.
-    fn apply_blocking(&self, entries: Vec<Entry>) -> StorageResult<Vec<ApplyResponse>> {
+    pub(super) fn apply_blocking(&self, entries: Vec<Entry>) -> StorageResult<Vec<ApplyResponse>> {
         let mut view = self.view_mut();
         let result = self.apply_locked(&mut view, entries);
         if let Err(e) = &result {
@@ -273,7 +277,7 @@ impl SmShared {
                         &mut view.state,
                         &DbRecords {
                             db: &self.db,
-                            reader: records::Reader::new(self.log()),
+                            reader: records::Reader::new(self.entry_source()),
                         },
                         index,
                         batch,
@@ -470,7 +474,7 @@ impl SmShared {
             Ok(())
         };
         let mut whole = subs::Whole::default();
-        let reader = records::Reader::new(self.log());
+        let reader = records::Reader::new(self.entry_source());
         for item in self.db.iterator_cf_opt(cf, opts, IteratorMode::Start) {
             let (k, v) = item.map_err(|e| e.to_string())?;
             whole.push(&k, &reader.whole(&k, &v)?, &mut fold)?;
@@ -494,16 +498,21 @@ impl SmShared {
             let _whole = self.view();
             self.db.snapshot()
         };
-        let reader = records::Reader::new(self.log());
-        let (meta, path, bytes) = snapshot::build_from(
+        let built = snapshot::build_from(
             &self.db,
             &view,
             &self.snapshot_dir,
             snapshot_id_suffix(),
-            &reader,
+            self.log(),
         )
         .map_err(to_io)?;
         drop(view);
+        let snapshot::Built {
+            meta,
+            path,
+            bytes,
+            lowest,
+        } = built;
         // Once this returns, openraft may purge the log up to the snapshot. Apply writes skip
         // the WAL, so make the applied state durable in table files first: a crash then
         // re-applies only what came after, from the log, instead of loading the whole
@@ -515,7 +524,7 @@ impl SmShared {
         // be an older one that points further back.
         if let Some(log) = self.log() {
             let applied = meta.last_log_id.as_ref().map_or(0, |l| l.index);
-            log.keep_from(reader.lowest().unwrap_or(applied + 1));
+            log.keep_from(lowest.unwrap_or(applied + 1));
         }
         let (meta, path) = self.adopt_built(meta, path, bytes);
         log_snapshot("built", &meta, bytes, started);
@@ -556,7 +565,7 @@ impl SmShared {
                 "a newer snapshot was installed while this one was built; keeping the newer"
             );
             if newer.path != path {
-                let _ = std::fs::remove_file(&path);
+                snapshot::remove(&path);
             }
             return (newer.meta.clone(), newer.path.clone());
         }
@@ -767,7 +776,7 @@ fn snapshot_id_suffix() -> u64 {
 impl SmShared {
     /// A new, empty temp file in the snapshot directory to receive a snapshot into, and its
     /// path (a leftover is removed when the node next starts).
-    pub async fn begin_receiving_snapshot(&self) -> StorageResult<(SnapshotData, PathBuf)> {
+    pub async fn begin_receiving_snapshot(&self) -> StorageResult<(tokio::fs::File, PathBuf)> {
         let dir = self.snapshot_dir.clone();
         tokio::fs::create_dir_all(&dir).await?;
         let path = dir.join(format!("incoming-{}.tmp", snapshot_id_suffix()));
@@ -782,11 +791,21 @@ impl SmShared {
 }
 
 impl StateMachineStore {
+    /// The snapshot at `path` as openraft sends it: in the whole format, a linked one expanded
+    /// with its records as it is read.
     async fn open_snapshot(meta: snapshot::FileMeta, path: PathBuf) -> StorageResult<Snapshot> {
-        let file = tokio::fs::File::open(&path).await?;
+        use tokio::io::{AsyncReadExt, AsyncSeekExt};
+        let mut file = tokio::fs::File::open(&path).await?;
+        let mut head = [0u8; 12];
+        file.read_exact(&mut head).await?;
+        file.rewind().await?;
+        let snapshot = match head[8..12] == snapshot::LINKED_VERSION.to_le_bytes() {
+            true => SnapshotData::Stream(snapshot::whole_stream(path)),
+            false => SnapshotData::File(file),
+        };
         Ok(Snapshot {
             meta: meta.raft_meta(),
-            snapshot: file,
+            snapshot,
         })
     }
 }
@@ -847,10 +866,30 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         meta: &SnapshotMeta,
         snapshot: SnapshotData,
     ) -> StorageResult<()> {
-        let mut src = snapshot.into_std().await;
         let want = meta.clone();
-        self.blocking(move |shared| shared.install_blocking(&mut src, &want))
-            .await
+        let (file, spooled) = match snapshot {
+            SnapshotData::File(file) => (file, None),
+            SnapshotData::Stream(mut chunks) => {
+                // Made by a node's own state machine, not received: written to a file first.
+                use futures::StreamExt;
+                use tokio::io::{AsyncSeekExt, AsyncWriteExt};
+                let (mut file, path) = self.shared.begin_receiving_snapshot().await?;
+                while let Some(chunk) = chunks.next().await {
+                    file.write_all(&chunk?).await?;
+                }
+                file.flush().await?;
+                file.rewind().await?;
+                (file, Some(path))
+            }
+        };
+        let mut src = file.into_std().await;
+        let result = self
+            .blocking(move |shared| shared.install_blocking(&mut src, &want))
+            .await;
+        if let Some(path) = spooled {
+            let _ = tokio::fs::remove_file(path).await;
+        }
+        result
     }
 
     async fn get_current_snapshot(&mut self) -> StorageResult<Option<Snapshot>> {

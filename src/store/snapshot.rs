@@ -3,16 +3,27 @@
 //! Layout (all integers little-endian):
 //! `b"RAFTQSNP"`, `u32` format version, `u64` meta length, meta (codec-encoded
 //! [`FileMeta`]), then key/value pairs as `u32` key length, key, `u32` value length,
-//! value; then `u32::MAX`, the `u64` pair count, and a `u32` CRC-32 of every byte before it.
+//! value; then `u32::MAX`, the `u64` pair count, in format 3 the linked entries (`u8` 1 and
+//! `u64` first and last index, or `u8` 0), and a `u32` CRC-32 of every byte before it.
 //!
-//! Format 2 (written today) holds the `sm` family's values as stored, each behind its format
-//! byte (`values`), except that each subscription is one whole value, leases included, as data
-//! directory format 3 stored it (a store of today keeps its pieces apart: `subs`). Format 1
-//! held the applied id, membership and clock bare, and reading one gives them their format
-//! byte, so a format 1 file (an older node's snapshot, a backup) loads into a store of today.
+//! Two kinds of file:
+//! - **Whole** (format 2, [`FORMAT_VERSION`]): every record in the file. What travels from a
+//!   leader to a follower, what a backup is, and what a state machine without a log builds.
+//!   It holds the `sm` family's values as stored, each behind its format byte (`values`), with
+//!   each record whole and each subscription one whole value, leases included, as data
+//!   directory format 3 stored it (a store of today keeps its pieces apart: `subs`). Format 1
+//!   held the applied id, membership and clock bare, and reading one gives them their format
+//!   byte, so a format 1 file (an older node's snapshot, a backup) loads into a store of today.
+//! - **Linked** (format 3, [`LINKED_VERSION`]): a node's own snapshot. Records are as the state
+//!   machine stores them, mostly where the log holds them (`records`), and the log's segment
+//!   files that hold those entries are hard-linked into the directory `NAME.log` beside the
+//!   file: building one writes the small state and no record bytes, and the links keep the
+//!   records readable whatever the log removes later. Sent to a follower or backed up, it is
+//!   expanded on the way into the whole format ([`write_whole`]).
 //!
-//! A snapshot is written to `NAME.tmp`, fsynced, renamed to `NAME`, and the directory is
-//! fsynced: a crash at any step leaves the old snapshot or the new one, never a torn one.
+//! A snapshot is written to `NAME.tmp` (its links first, synced), fsynced, renamed to `NAME`,
+//! and the directory is fsynced: a crash at any step leaves the old snapshot or the new one,
+//! never a torn one (a `NAME.log` without its `NAME` is a leftover, removed at start-up).
 //! Files are read through a streaming reader and never held in memory whole.
 
 use std::fs::{self, File};
@@ -49,8 +60,10 @@ impl FileMeta {
 }
 
 const MAGIC: &[u8; 8] = b"RAFTQSNP";
-/// Current snapshot format. Unknown versions are refused with a clear error.
+/// The whole format: every record in the file. Unknown versions are refused with a clear error.
 pub const FORMAT_VERSION: u32 = 2;
+/// The linked format: records where the log holds them, the log's files linked beside.
+pub const LINKED_VERSION: u32 = 3;
 /// The format before the state's metadata values carried a format byte; still read.
 const FORMAT_BARE_META: u32 = 1;
 const END_MARK: u32 = u32::MAX;
@@ -65,7 +78,7 @@ pub enum SnapshotError {
     BadMagic,
     #[error(
         "snapshot has format version {0}; this raftq reads versions {FORMAT_BARE_META} to \
-         {FORMAT_VERSION}"
+         {LINKED_VERSION}"
     )]
     UnknownVersion(u32),
     #[error("snapshot is corrupt: {0}")]
@@ -142,27 +155,100 @@ pub fn file_name(meta: &FileMeta) -> String {
     format!("snap-{}.snap", meta.snapshot_id)
 }
 
-/// Builds a snapshot of the `sm` column family from a consistent RocksDB view (apply may go
-/// on meanwhile) and writes it durably into `dir`. Returns its meta, path and size. Every
+/// The directory of a linked snapshot's segment files, beside the snapshot file at `path`.
+pub fn linked_dir(path: &Path) -> PathBuf {
+    path.with_extension("log")
+}
+
+/// Writes a snapshot file: header, pairs, trailer, all folded into its CRC.
+struct Writer<W: Write> {
+    w: CrcWriter<W>,
+    version: u32,
+    count: u64,
+}
+
+impl<W: Write> Writer<W> {
+    fn start(inner: W, version: u32, meta: &FileMeta) -> Result<Self, SnapshotError> {
+        let mut w = CrcWriter {
+            inner,
+            crc: Hasher::new(),
+            bytes: 0,
+        };
+        let meta_bytes = codec::encode(meta).map_err(|e| SnapshotError::Corrupt(e.to_string()))?;
+        w.write_all(MAGIC)?;
+        w.write_all(&version.to_le_bytes())?;
+        w.write_all(&(meta_bytes.len() as u64).to_le_bytes())?;
+        w.write_all(&meta_bytes)?;
+        Ok(Writer {
+            w,
+            version,
+            count: 0,
+        })
+    }
+
+    fn put(&mut self, k: &[u8], v: &[u8]) -> Result<(), SnapshotError> {
+        self.w.write_all(&(k.len() as u32).to_le_bytes())?;
+        self.w.write_all(k)?;
+        self.w.write_all(&(v.len() as u32).to_le_bytes())?;
+        self.w.write_all(v)?;
+        self.count += 1;
+        Ok(())
+    }
+
+    /// Writes the trailer (in the linked format, the entries linked) and the CRC; returns the
+    /// writer it wrote to and the bytes written.
+    fn finish(mut self, linked: Option<(u64, u64)>) -> Result<(W, u64), SnapshotError> {
+        self.w.write_all(&END_MARK.to_le_bytes())?;
+        self.w.write_all(&self.count.to_le_bytes())?;
+        if self.version == LINKED_VERSION {
+            match linked {
+                Some((first, last)) => {
+                    self.w.write_all(&[1])?;
+                    self.w.write_all(&first.to_le_bytes())?;
+                    self.w.write_all(&last.to_le_bytes())?;
+                }
+                None => self.w.write_all(&[0])?,
+            }
+        }
+        let crc = self.w.crc.clone().finalize();
+        self.w.inner.write_all(&crc.to_le_bytes())?;
+        Ok((self.w.inner, self.w.bytes + 4))
+    }
+}
+
+/// A snapshot built: its meta, path and size, and the lowest log index a record in it points
+/// into (a linked snapshot's; `None` when every record is whole).
+#[derive(Debug)]
+pub struct Built {
+    pub meta: FileMeta,
+    pub path: PathBuf,
+    pub bytes: u64,
+    pub lowest: Option<u64>,
+}
+
+/// Builds a whole snapshot of the `sm` column family from a consistent RocksDB view (apply may
+/// go on meanwhile) and writes it durably into `dir`. Returns its meta, path and size. Every
 /// record must be stored whole (a state machine with no log: tools and tests).
 pub fn build(
     db: &DB,
     dir: &Path,
     id_suffix: u64,
 ) -> Result<(FileMeta, PathBuf, u64), SnapshotError> {
-    let records = super::records::Reader::new(None);
-    build_from(db, &db.snapshot(), dir, id_suffix, &records)
+    let built = build_from(db, &db.snapshot(), dir, id_suffix, None)?;
+    Ok((built.meta, built.path, built.bytes))
 }
 
 /// [`build`] from the RocksDB view `view`, taken by the caller (at a moment when the state
-/// machine was whole: never in the middle of a snapshot install).
+/// machine was whole: never in the middle of a snapshot install). With the node's `log`, the
+/// snapshot is linked: records stay as stored, and the segment files holding the entries they
+/// point into are linked beside it; without, it is whole.
 pub fn build_from(
     db: &DB,
     view: &rocksdb::Snapshot<'_>,
     dir: &Path,
     id_suffix: u64,
-    records: &super::records::Reader<'_>,
-) -> Result<(FileMeta, PathBuf, u64), SnapshotError> {
+    log: Option<&dyn super::records::Entries>,
+) -> Result<Built, SnapshotError> {
     fs::create_dir_all(dir)?;
     let cf = db
         .cf_handle(CF_SM)
@@ -184,56 +270,75 @@ pub fn build_from(
     };
     let name = file_name(&meta);
     let tmp = dir.join(format!("{name}.tmp"));
-    let mut w = CrcWriter {
-        inner: BufWriter::new(File::create(&tmp)?),
-        crc: Hasher::new(),
-        bytes: 0,
-    };
-    let meta_bytes = codec::encode(&meta).map_err(|e| SnapshotError::Corrupt(e.to_string()))?;
-    w.write_all(MAGIC)?;
-    w.write_all(&FORMAT_VERSION.to_le_bytes())?;
-    w.write_all(&(meta_bytes.len() as u64).to_le_bytes())?;
-    w.write_all(&meta_bytes)?;
+    let path = dir.join(&name);
     if get(keys::INSTALLING)?.is_some() {
         return Err(SnapshotError::Corrupt(
             "the state machine is in the middle of a snapshot install".into(),
         ));
     }
+    let version = match log {
+        Some(_) => LINKED_VERSION,
+        None => FORMAT_VERSION,
+    };
+    let mut w = Writer::start(BufWriter::new(File::create(&tmp)?), version, &meta)?;
     let mut opts = ReadOptions::default();
     opts.set_snapshot(view);
-    let mut count = 0u64;
     // Subscriptions go in whole, as every snapshot format holds them (`subs`).
-    let mut put = |k: &[u8], v: &[u8]| -> Result<(), SnapshotError> {
-        w.write_all(&(k.len() as u32).to_le_bytes())?;
-        w.write_all(k)?;
-        w.write_all(&(v.len() as u32).to_le_bytes())?;
-        w.write_all(v)?;
-        count += 1;
-        Ok(())
-    };
+    let mut put = |k: &[u8], v: &[u8]| w.put(k, v);
     let mut whole = subs::Whole::default();
-    // Records go in whole too, read from the log where the state machine keeps their place.
+    let reader = super::records::Reader::new(None);
+    let mut lowest: Option<u64> = None;
     for item in db.iterator_cf_opt(cf, opts, IteratorMode::Start) {
         let (k, v) = item?;
-        let v = records.whole(&k, &v).map_err(SnapshotError::Corrupt)?;
+        if log.is_none() {
+            let v = reader.whole(&k, &v).map_err(SnapshotError::Corrupt)?;
+            whole.push(&k, &v, &mut put)?;
+            continue;
+        }
+        if keys::parse_record(&k).is_some() {
+            if let Some(at) = super::records::points_into(&v).map_err(SnapshotError::Corrupt)? {
+                lowest = Some(lowest.map_or(at, |l| l.min(at)));
+            }
+        }
         whole.push(&k, &v, &mut put)?;
     }
     whole.finish(&mut put)?;
-    w.write_all(&END_MARK.to_le_bytes())?;
-    w.write_all(&count.to_le_bytes())?;
-    let crc = w.crc.clone().finalize();
-    let mut inner = w.inner.into_inner().map_err(|e| e.into_error())?;
-    inner.write_all(&crc.to_le_bytes())?;
+    let linked = lowest.map(|first| (first, index));
+    let (inner, bytes) = w.finish(linked)?;
+    let inner = inner.into_inner().map_err(|e| e.into_error())?;
     faults::point(faults::BUILD_WRITTEN)?;
+    if let (Some(log), Some((first, last))) = (log, linked) {
+        // The record files, linked before the file that needs them gets its name.
+        let segments = linked_dir(&path);
+        if segments.exists() {
+            fs::remove_dir_all(&segments)?;
+        }
+        fs::create_dir(&segments)?;
+        log.link_segments(first, last, &segments)
+            .map_err(SnapshotError::Corrupt)?;
+        faults::point(faults::BUILD_LINKED)?;
+        sync_dir(&segments)?;
+    }
     inner.sync_all()?;
     faults::point(faults::BUILD_SYNCED)?;
-    let bytes = w.bytes + 4;
     drop(inner);
-    let path = dir.join(&name);
     fs::rename(&tmp, &path)?;
     faults::point(faults::BUILD_RENAMED)?;
     sync_dir(dir)?;
-    Ok((meta, path, bytes))
+    Ok(Built {
+        meta,
+        path,
+        bytes,
+        lowest,
+    })
+}
+
+/// What a snapshot file says of itself beyond its meta.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Trailer {
+    pub version: u32,
+    /// A linked snapshot's first and last log index its linked segments must hold.
+    pub linked: Option<(u64, u64)>,
 }
 
 /// Reads a snapshot stream through to the end, checking magic, version, framing, count and
@@ -241,65 +346,279 @@ pub fn build_from(
 /// get their format byte). Returns the meta.
 pub fn read(
     r: impl Read,
-    mut pair: impl FnMut(Vec<u8>, Vec<u8>) -> Result<(), SnapshotError>,
+    pair: impl FnMut(Vec<u8>, Vec<u8>) -> Result<(), SnapshotError>,
 ) -> Result<FileMeta, SnapshotError> {
-    let mut r = CrcReader {
-        inner: BufReader::new(r),
-        crc: Hasher::new(),
-    };
-    let mut magic = [0u8; 8];
-    r.read_exact(&mut magic)?;
-    if &magic != MAGIC {
-        return Err(SnapshotError::BadMagic);
+    read_file(r, pair).map(|(meta, _)| meta)
+}
+
+/// [`read`], with what the trailer says.
+pub fn read_file(
+    r: impl Read,
+    mut pair: impl FnMut(Vec<u8>, Vec<u8>) -> Result<(), SnapshotError>,
+) -> Result<(FileMeta, Trailer), SnapshotError> {
+    let mut file = FileReader::open(r)?;
+    while let Some((k, v)) = file.next_pair()? {
+        pair(k, v)?;
     }
-    let version = read_u32(&mut r)?;
-    if !(FORMAT_BARE_META..=FORMAT_VERSION).contains(&version) {
-        return Err(SnapshotError::UnknownVersion(version));
-    }
-    let meta_len = read_u64(&mut r)?;
-    if meta_len > MAX_ITEM as u64 {
-        return Err(SnapshotError::Corrupt(format!("meta of {meta_len} bytes")));
-    }
-    let meta_bytes = read_item(&mut r, meta_len as u32)?;
-    let meta: FileMeta =
-        codec::decode(&meta_bytes).map_err(|e| SnapshotError::Corrupt(format!("meta: {e}")))?;
-    let mut count = 0u64;
-    loop {
-        let klen = read_u32(&mut r)?;
-        if klen == END_MARK {
-            break;
+    let meta = file.meta.clone();
+    let trailer = file.finish()?;
+    Ok((meta, trailer))
+}
+
+/// A key and its value.
+type Pair = (Vec<u8>, Vec<u8>);
+
+/// A snapshot read pair by pair.
+struct FileReader<R: Read> {
+    r: CrcReader<BufReader<R>>,
+    meta: FileMeta,
+    version: u32,
+    count: u64,
+}
+
+impl<R: Read> FileReader<R> {
+    fn open(r: R) -> Result<Self, SnapshotError> {
+        let mut r = CrcReader {
+            inner: BufReader::new(r),
+            crc: Hasher::new(),
+        };
+        let mut magic = [0u8; 8];
+        r.read_exact(&mut magic)?;
+        if &magic != MAGIC {
+            return Err(SnapshotError::BadMagic);
         }
-        let k = read_item(&mut r, klen)?;
-        let vlen = read_u32(&mut r)?;
-        let v = read_item(&mut r, vlen)?;
-        let v = match version == FORMAT_BARE_META && values::is_bare_sm_key(&k) {
+        let version = read_u32(&mut r)?;
+        if !(FORMAT_BARE_META..=LINKED_VERSION).contains(&version) {
+            return Err(SnapshotError::UnknownVersion(version));
+        }
+        let meta_len = read_u64(&mut r)?;
+        if meta_len > MAX_ITEM as u64 {
+            return Err(SnapshotError::Corrupt(format!("meta of {meta_len} bytes")));
+        }
+        let meta_bytes = read_item(&mut r, meta_len as u32)?;
+        let meta: FileMeta =
+            codec::decode(&meta_bytes).map_err(|e| SnapshotError::Corrupt(format!("meta: {e}")))?;
+        Ok(FileReader {
+            r,
+            meta,
+            version,
+            count: 0,
+        })
+    }
+
+    /// The next pair, or `None` at the end mark.
+    fn next_pair(&mut self) -> Result<Option<Pair>, SnapshotError> {
+        let r = &mut self.r;
+        let klen = read_u32(r)?;
+        if klen == END_MARK {
+            return Ok(None);
+        }
+        let k = read_item(r, klen)?;
+        let vlen = read_u32(r)?;
+        let v = read_item(r, vlen)?;
+        let v = match self.version == FORMAT_BARE_META && values::is_bare_sm_key(&k) {
             true => values::with_format_byte(&v),
             false => v,
         };
-        pair(k, v)?;
-        count += 1;
+        self.count += 1;
+        Ok(Some((k, v)))
     }
-    let want = read_u64(&mut r)?;
-    if want != count {
-        return Err(SnapshotError::Corrupt(format!(
-            "{count} pairs, trailer says {want}"
-        )));
+
+    /// Reads and checks what follows the end mark.
+    fn finish(mut self) -> Result<Trailer, SnapshotError> {
+        let r = &mut self.r;
+        let want = read_u64(r)?;
+        if want != self.count {
+            return Err(SnapshotError::Corrupt(format!(
+                "{} pairs, trailer says {want}",
+                self.count
+            )));
+        }
+        let mut linked = None;
+        if self.version == LINKED_VERSION {
+            let mut flag = [0u8; 1];
+            r.read_exact(&mut flag)?;
+            linked = match flag[0] {
+                0 => None,
+                1 => {
+                    let (first, last) = (read_u64(r)?, read_u64(r)?);
+                    if first > last {
+                        return Err(SnapshotError::Corrupt(format!(
+                            "linked entries {first} to {last}"
+                        )));
+                    }
+                    Some((first, last))
+                }
+                other => {
+                    return Err(SnapshotError::Corrupt(format!(
+                        "linked-entries flag {other}"
+                    )))
+                }
+            };
+        }
+        let computed = r.crc.clone().finalize();
+        let stored = read_u32(&mut r.inner)?;
+        if stored != computed {
+            return Err(SnapshotError::Corrupt("checksum mismatch".into()));
+        }
+        let mut rest = [0u8; 1];
+        if r.inner.read(&mut rest)? != 0 {
+            return Err(SnapshotError::Corrupt("bytes after the checksum".into()));
+        }
+        Ok(Trailer {
+            version: self.version,
+            linked,
+        })
     }
-    let computed = r.crc.clone().finalize();
-    let stored = read_u32(&mut r.inner)?;
-    if stored != computed {
-        return Err(SnapshotError::Corrupt("checksum mismatch".into()));
+}
+
+/// Checks a whole snapshot file and returns its meta. A linked one must have its directory of
+/// segment files beside it, starting at or before the first entry it needs; the frames in it
+/// are checked as they are read ([`write_whole`]).
+pub fn verify(path: &Path) -> Result<FileMeta, SnapshotError> {
+    verify_file(path).map(|(meta, _)| meta)
+}
+
+/// [`verify`], with what the trailer says.
+pub fn verify_file(path: &Path) -> Result<(FileMeta, Trailer), SnapshotError> {
+    let (meta, trailer) = read_file(File::open(path)?, |_, _| Ok(()))?;
+    if let Some((first, _)) = trailer.linked {
+        let dir = linked_dir(path);
+        let lowest = fs::read_dir(&dir)
+            .map_err(|e| {
+                SnapshotError::Corrupt(format!("its segment files {}: {e}", dir.display()))
+            })?
+            .filter_map(|e| e.ok())
+            .filter_map(|e| {
+                e.file_name()
+                    .to_str()
+                    .and_then(|n| n.strip_suffix(".seg"))
+                    .and_then(|n| n.parse::<u64>().ok())
+            })
+            .min();
+        if lowest.is_none_or(|l| l > first) {
+            return Err(SnapshotError::Corrupt(format!(
+                "its segment files in {} do not start at or before entry {first}",
+                dir.display()
+            )));
+        }
     }
-    let mut rest = [0u8; 1];
-    if r.inner.read(&mut rest)? != 0 {
-        return Err(SnapshotError::Corrupt("bytes after the checksum".into()));
-    }
+    Ok((meta, trailer))
+}
+
+/// Checks a snapshot file that must hold every record itself (one received, a backup).
+pub fn verify_whole(path: &Path) -> Result<FileMeta, SnapshotError> {
+    let (meta, trailer) = read_file(File::open(path)?, |_, _| Ok(()))?;
+    refuse_linked(&trailer)?;
     Ok(meta)
 }
 
-/// Checks a whole snapshot file and returns its meta.
-pub fn verify(path: &Path) -> Result<FileMeta, SnapshotError> {
-    read(File::open(path)?, |_, _| Ok(()))
+fn refuse_linked(trailer: &Trailer) -> Result<(), SnapshotError> {
+    match trailer.linked {
+        None => Ok(()),
+        Some((first, last)) => Err(SnapshotError::Corrupt(format!(
+            "it does not hold its records: they are in linked log entries {first} to {last} \
+             of the node that built it (a backup or a transfer holds them whole)"
+        ))),
+    }
+}
+
+/// Writes the snapshot at `path` to `out` in the whole format: a linked one with its records
+/// read from its linked segments (each frame checked), a whole one as it is. Returns its meta
+/// and the bytes written. The files are opened before the first byte is written, so the node
+/// removing them meanwhile (a newer snapshot) does not stop the copy.
+pub fn write_whole(path: &Path, out: impl Write) -> Result<(FileMeta, u64), SnapshotError> {
+    let mut file = FileReader::open(File::open(path)?)?;
+    let through = file.meta.last_log_id.as_ref().map_or(0, |l| l.index);
+    let segments = match file.version == LINKED_VERSION && linked_dir(path).is_dir() {
+        true => Some(super::records::SegmentEntries(
+            super::segments::SegmentLog::open_read_only(&linked_dir(path), through)
+                .map_err(|e| SnapshotError::Corrupt(format!("its linked segment files: {e}")))?,
+        )),
+        false => None,
+    };
+    let reader = super::records::Reader::new(
+        segments
+            .as_ref()
+            .map(|s| s as &dyn super::records::EntrySource),
+    );
+    let meta = file.meta.clone();
+    let mut w = Writer::start(BufWriter::new(out), FORMAT_VERSION, &meta)?;
+    while let Some((k, v)) = file.next_pair()? {
+        let v = reader.whole(&k, &v).map_err(SnapshotError::Corrupt)?;
+        w.put(&k, &v)?;
+    }
+    let trailer = file.finish()?;
+    if let (Some((first, _)), Some(lowest)) = (trailer.linked, reader.lowest()) {
+        if lowest < first {
+            return Err(SnapshotError::Corrupt(format!(
+                "a record points into entry {lowest}, below the linked entries from {first}"
+            )));
+        }
+    }
+    let (out, bytes) = w.finish(None)?;
+    out.into_inner().map_err(|e| e.into_error())?.flush()?;
+    Ok((meta, bytes))
+}
+
+/// Chunks of a snapshot stream, from a blocking writer to an async reader.
+const STREAM_CHUNK: usize = 1 << 20;
+
+/// A writer that sends what it is given, in chunks, to a channel.
+struct ChannelWriter {
+    tx: tokio::sync::mpsc::Sender<io::Result<bytes::Bytes>>,
+    buf: Vec<u8>,
+}
+
+impl ChannelWriter {
+    fn send(&mut self) -> io::Result<()> {
+        let chunk = std::mem::replace(&mut self.buf, Vec::with_capacity(STREAM_CHUNK));
+        self.tx
+            .blocking_send(Ok(chunk.into()))
+            .map_err(|_| io::Error::new(io::ErrorKind::BrokenPipe, "the reader went away"))
+    }
+}
+
+impl Write for ChannelWriter {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        self.buf.extend_from_slice(data);
+        if self.buf.len() >= STREAM_CHUNK {
+            self.send()?;
+        }
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match self.buf.is_empty() {
+            true => Ok(()),
+            false => self.send(),
+        }
+    }
+}
+
+/// The snapshot at `path` in the whole format ([`write_whole`]), made on a blocking thread as
+/// the stream is read. A failure ends the stream with the error.
+pub fn whole_stream(
+    path: PathBuf,
+) -> futures::stream::BoxStream<'static, io::Result<bytes::Bytes>> {
+    use futures::StreamExt;
+    let (tx, rx) = tokio::sync::mpsc::channel(2);
+    tokio::task::spawn_blocking(move || {
+        let out = ChannelWriter {
+            tx: tx.clone(),
+            buf: Vec::with_capacity(STREAM_CHUNK),
+        };
+        if let Err(e) = write_whole(&path, out) {
+            if !tx.is_closed() {
+                tracing::warn!(snapshot = %path.display(), "a snapshot could not be read whole: {e}");
+                let _ = tx.blocking_send(Err(io::Error::other(e.to_string())));
+            }
+        }
+    });
+    futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    })
+    .boxed()
 }
 
 /// Copies a received snapshot stream into `dir` durably after checking it whole and checking
@@ -314,7 +633,8 @@ pub fn store_received(
     use std::io::Seek;
     fs::create_dir_all(dir)?;
     src.seek(io::SeekFrom::Start(0))?;
-    let meta = read(&mut *src, |_, _| Ok(()))?;
+    let (meta, trailer) = read_file(&mut *src, |_, _| Ok(()))?;
+    refuse_linked(&trailer)?;
     if meta.raft_meta() != *want {
         return Err(SnapshotError::Corrupt(format!(
             "received snapshot {} holds up to {:?} with membership {:?}, but was announced as \
@@ -470,6 +790,11 @@ pub fn newest(dir: &Path) -> Result<Option<(FileMeta, PathBuf)>, SnapshotError> 
             let _ = fs::remove_file(&path);
             continue;
         }
+        if name.ends_with(".log") && !path.with_extension("snap").exists() {
+            // The links of a build that stopped before its file got its name.
+            let _ = fs::remove_dir_all(&path);
+            continue;
+        }
         if !name.ends_with(".snap") {
             continue;
         }
@@ -484,14 +809,25 @@ pub fn newest(dir: &Path) -> Result<Option<(FileMeta, PathBuf)>, SnapshotError> 
     Ok(best)
 }
 
-/// Removes every snapshot file in `dir` except `keep`.
+/// Removes every snapshot in `dir` except `keep` (and its linked segment files).
 pub fn remove_others(dir: &Path, keep: &Path) {
     if let Ok(entries) = fs::read_dir(dir) {
         for entry in entries.flatten() {
             let path = entry.path();
             if path != keep && path.extension().is_some_and(|e| e == "snap") {
-                let _ = fs::remove_file(path);
+                remove(&path);
             }
         }
     }
 }
+
+/// Removes the snapshot at `path` and its linked segment files, if any (the log's own files
+/// stay: only these names of them go).
+pub fn remove(path: &Path) {
+    let _ = fs::remove_file(path);
+    let _ = fs::remove_dir_all(linked_dir(path));
+}
+
+#[cfg(test)]
+#[path = "snapshot_tests.rs"]
+mod tests;

@@ -148,6 +148,12 @@ pub(crate) struct Common {
     /// compactions (corrupt-minority always uses 64 KiB).
     #[arg(long, value_name = "BYTES")]
     pub(crate) write_buffer_bytes: Option<u64>,
+    /// The nodes build a snapshot every N log entries and keep N/5 behind it (`raftq serve
+    /// --snapshot-logs`, `--snapshot-keep-logs`), for every scenario: snapshots, log purges and
+    /// transfers then happen within a short run (the power-loss, disk and corruption scenarios
+    /// always use 500).
+    #[arg(long, value_name = "N")]
+    pub(crate) snapshot_logs: Option<u64>,
 }
 
 #[derive(Debug, Clone, Args)]

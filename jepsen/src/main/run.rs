@@ -140,6 +140,11 @@ fn node_env(common: &Common, scenario: Scenario) -> anyhow::Result<NodeEnv> {
         write_buffer_bytes: common
             .write_buffer_bytes
             .or((scenario == Scenario::CorruptMinority).then_some(64 << 10)),
+        // Faults on the disk meet snapshot builds (which link the log's files) and the purges
+        // after them, and a node behind the purged log catches up by snapshot.
+        snapshot_logs: common.snapshot_logs.or((scenario.needs_fault_disks()
+            || scenario == Scenario::CorruptMinority)
+            .then_some(500)),
     })
 }
 

@@ -161,6 +161,10 @@ impl NetnsHosts {
         if let Some(bytes) = cfg.env.write_buffer_bytes {
             cmd.arg("--write-buffer-bytes").arg(bytes.to_string());
         }
+        if let Some(logs) = cfg.env.snapshot_logs {
+            cmd.arg("--snapshot-logs").arg(logs.to_string());
+            cmd.arg("--snapshot-keep-logs").arg((logs / 5).to_string());
+        }
         // Only the command line configures the node.
         for (name, _) in std::env::vars_os() {
             if name.to_string_lossy().starts_with("RAFTQ_") {

@@ -1,0 +1,185 @@
+use std::collections::BTreeSet;
+use std::os::unix::fs::MetadataExt;
+use std::sync::Arc;
+
+use openraft::impls::leader_id_adv::LeaderId as CommittedLeaderId;
+use openraft::storage::{IOFlushed, RaftLogStorage};
+use openraft::vote::RaftLeaderId;
+use openraft::EntryPayload;
+
+use super::*;
+use crate::raft::Entry;
+use crate::state::{Batch, Command, CreateTopic, LogPayload, NewRecord, Publish, TopicSettings};
+use crate::store::log::{open_segments, LogStore};
+use crate::store::{open_db, SmShared};
+
+const RECORDS_PER_ENTRY: usize = 10;
+const VALUE_BYTES: usize = 1024;
+
+/// Entry 1 creates topic `t`; every later one publishes [`RECORDS_PER_ENTRY`] records of
+/// [`VALUE_BYTES`].
+fn entries(last: u64) -> Vec<Entry> {
+    (1..=last)
+        .map(|index| {
+            let command = match index {
+                1 => Command::CreateTopic(CreateTopic {
+                    name: "t".into(),
+                    settings: TopicSettings::default(),
+                }),
+                _ => Command::Publish(Publish {
+                    topic: "t".into(),
+                    records: (0..RECORDS_PER_ENTRY)
+                        .map(|n| NewRecord {
+                            key: Some(format!("k{n}")),
+                            headers: vec![],
+                            value: vec![(index as u8).wrapping_add(n as u8); VALUE_BYTES],
+                        })
+                        .collect(),
+                    producer: None,
+                }),
+            };
+            Entry {
+                log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+                payload: EntryPayload::Normal(LogPayload::V1(Batch {
+                    timestamp_ms: 1_000 + index,
+                    commands: vec![command],
+                })),
+            }
+        })
+        .collect()
+}
+
+/// A node as a node runs: its Raft log in segment files, and a state machine that keeps
+/// where the log holds each record. It appended and applied `entries(last)`.
+async fn logged_node(root: &Path, last: u64) -> (LogStore, Arc<SmShared>) {
+    let db = open_db(&root.join("db")).expect("open db");
+    let segments = open_segments(&db, &root.join("log"), 0).expect("open the log");
+    let mut store = LogStore::new(db.clone(), segments).expect("log store");
+    let sm = SmShared::open(db, root.join("snapshots")).expect("open the state machine");
+    sm.attach_log(Arc::new(store.for_records()));
+    let entries = entries(last);
+    let mut durable = store.durable();
+    store
+        .append(entries.clone(), IOFlushed::noop())
+        .await
+        .expect("append");
+    durable.wait_for(|d| *d >= last).await.expect("flushed");
+    sm.apply_blocking(entries).expect("apply");
+    (store, sm)
+}
+
+/// The pairs of a whole snapshot.
+fn pairs_of(bytes: &[u8]) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let mut pairs = Vec::new();
+    let (_, trailer) = read_file(bytes, |k, v| {
+        pairs.push((k, v));
+        Ok(())
+    })
+    .expect("a whole snapshot reads back");
+    assert_eq!(trailer.version, FORMAT_VERSION);
+    assert_eq!(trailer.linked, None);
+    pairs
+}
+
+fn inodes(dir: &Path) -> BTreeSet<u64> {
+    fs::read_dir(dir)
+        .expect("read dir")
+        .map(|e| e.expect("entry").metadata().expect("metadata").ino())
+        .collect()
+}
+
+/// A node's snapshot writes no record bytes: its file holds the small state and where each
+/// record is, and the log's own segment files are linked beside it (the same files, not
+/// copies). Sent or backed up, it reads whole, exactly what a node storing every record whole
+/// would send, and it keeps reading whole after the log has let go of its files.
+#[tokio::test]
+async fn a_snapshot_links_the_log_files_holding_its_records_and_copies_no_record() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (store, sm) = logged_node(dir.path(), 41).await;
+    let (meta, path) = sm.build_blocking().expect("build");
+    assert_eq!(meta.last_log_id.map(|l| l.index), Some(41));
+
+    let record_bytes = (40 * RECORDS_PER_ENTRY * VALUE_BYTES) as u64;
+    let size = fs::metadata(&path).expect("snapshot file").len();
+    assert!(
+        size < record_bytes / 10,
+        "the snapshot file has {size} bytes for {record_bytes} bytes of records"
+    );
+    let (_, trailer) = verify_file(&path).expect("verify");
+    assert_eq!(trailer.version, LINKED_VERSION);
+    assert_eq!(trailer.linked, Some((2, 41)));
+    let linked = inodes(&linked_dir(&path));
+    assert!(!linked.is_empty());
+    assert!(
+        linked.is_subset(&inodes(&dir.path().join("log"))),
+        "the snapshot's segment files are not the log's own"
+    );
+
+    // What a node that stores every record whole builds from the same entries.
+    let whole_dir = tempfile::tempdir().expect("tempdir");
+    let whole_sm = SmShared::open(
+        open_db(&whole_dir.path().join("db")).expect("open db"),
+        whole_dir.path().join("snapshots"),
+    )
+    .expect("open");
+    whole_sm.apply_blocking(entries(41)).expect("apply");
+    let (_, whole_path) = whole_sm.build_blocking().expect("build");
+    let want = pairs_of(&fs::read(&whole_path).expect("read"));
+
+    let mut sent = Vec::new();
+    let (sent_meta, bytes) = write_whole(&path, &mut sent).expect("expand");
+    assert_eq!(sent_meta, meta);
+    assert_eq!(bytes, sent.len() as u64);
+    assert!(pairs_of(&sent) == want, "the expanded snapshot differs");
+
+    // The log goes (as a purge would take it); the snapshot's links keep the records.
+    drop(store);
+    fs::remove_dir_all(dir.path().join("log")).expect("remove the log");
+    let mut again = Vec::new();
+    write_whole(&path, &mut again).expect("expand without the log");
+    assert!(pairs_of(&again) == want);
+}
+
+/// A linked snapshot whose segment files are damaged, or gone, never expands into a wrong
+/// snapshot: the read fails and names what is wrong; and such a file is never taken as a
+/// received snapshot or a backup.
+#[tokio::test]
+async fn a_linked_snapshot_with_damaged_or_missing_files_fails_to_expand() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_store, sm) = logged_node(dir.path(), 21).await;
+    let (meta, path) = sm.build_blocking().expect("build");
+    let err = verify_whole(&path).expect_err("a linked snapshot is not whole");
+    assert!(
+        err.to_string().contains("does not hold its records"),
+        "{err}"
+    );
+    let mut src = File::open(&path).expect("open");
+    let err = store_received(&mut src, &dir.path().join("in"), &meta.raft_meta())
+        .expect_err("a linked snapshot is never received");
+    assert!(
+        err.to_string().contains("does not hold its records"),
+        "{err}"
+    );
+
+    // One byte flipped in a record's value, in the linked file (the log's too: it is one file).
+    let segments = linked_dir(&path);
+    let seg = fs::read_dir(&segments)
+        .expect("linked")
+        .map(|e| e.expect("entry").path())
+        .min()
+        .expect("a linked file");
+    let mut bytes = fs::read(&seg).expect("read");
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0x40;
+    fs::write(dir.path().join("damaged.seg"), &bytes).expect("write");
+    fs::remove_file(&seg).expect("unlink");
+    fs::rename(dir.path().join("damaged.seg"), &seg).expect("replace");
+    let err = write_whole(&path, io::sink()).expect_err("damage is found");
+    assert!(err.to_string().contains("damaged"), "{err}");
+
+    fs::remove_dir_all(&segments).expect("remove the links");
+    let err = verify(&path).expect_err("the links are gone");
+    assert!(err.to_string().contains("segment files"), "{err}");
+    let err = write_whole(&path, io::sink()).expect_err("nothing to read records from");
+    assert!(err.to_string().contains("log entry"), "{err}");
+}
