@@ -597,8 +597,18 @@ impl Write for ChannelWriter {
 }
 
 /// The snapshot at `path` in the whole format ([`write_whole`]), made on a blocking thread as
-/// the stream is read. A failure ends the stream with the error.
+/// the stream is read; nothing is read before the stream is first polled (openraft drops the
+/// snapshot a build returns unread). A failure ends the stream with the error.
 pub fn whole_stream(
+    path: PathBuf,
+) -> futures::stream::BoxStream<'static, io::Result<bytes::Bytes>> {
+    use futures::StreamExt;
+    futures::stream::once(async move { expand_on_a_thread(path) })
+        .flatten()
+        .boxed()
+}
+
+fn expand_on_a_thread(
     path: PathBuf,
 ) -> futures::stream::BoxStream<'static, io::Result<bytes::Bytes>> {
     use futures::StreamExt;
