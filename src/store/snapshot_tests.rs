@@ -183,3 +183,51 @@ async fn a_linked_snapshot_with_damaged_or_missing_files_fails_to_expand() {
     let err = write_whole(&path, io::sink()).expect_err("nothing to read records from");
     assert!(err.to_string().contains("log entry"), "{err}");
 }
+
+/// Copies the files directly under `from` into `to` (a process killed: what is on disk).
+fn copy_files(from: &Path, to: &Path) {
+    fs::create_dir_all(to).expect("mkdir");
+    for entry in fs::read_dir(from).expect("read dir") {
+        let entry = entry.expect("entry");
+        let path = entry.path();
+        if path.is_dir() {
+            copy_files(&path, &to.join(entry.file_name()));
+        } else if entry.file_name() != "LOCK" {
+            fs::copy(&path, to.join(entry.file_name())).expect("copy");
+        }
+    }
+}
+
+/// A node that stopped after a linked snapshot was written but before its state machine was
+/// flushed starts from the snapshot: it loads the records as where the log holds them, and
+/// reads them from its log.
+#[tokio::test]
+async fn a_linked_snapshot_newer_than_the_state_machine_loads_at_start_up() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (node, killed) = (dir.path().join("node"), dir.path().join("killed"));
+    let (store, sm) = logged_node(&node, 21).await;
+    // Applies skip RocksDB's WAL: the database on disk has applied nothing yet.
+    copy_files(&node.join("db"), &killed.join("db"));
+    let (meta, _) = sm.build_blocking().expect("build");
+    copy_files(&node.join("snapshots"), &killed.join("snapshots"));
+    copy_files(&node.join("log"), &killed.join("log"));
+    let want = {
+        let topic = sm.view().state.topics["t"].clone();
+        sm.read_records(&topic, 0..200, 200, u64::MAX)
+            .expect("read")
+    };
+    drop((store, sm));
+
+    let db = open_db(&killed.join("db")).expect("open db");
+    let segments = open_segments(&db, &killed.join("log"), 0).expect("open the log");
+    let store = LogStore::new(db.clone(), segments).expect("log store");
+    let sm = SmShared::open(db, killed.join("snapshots")).expect("open");
+    sm.attach_log(Arc::new(store.for_records()));
+    assert_eq!(sm.view().last_applied, meta.last_log_id);
+    let topic = sm.view().state.topics["t"].clone();
+    let got = sm
+        .read_records(&topic, 0..200, 200, u64::MAX)
+        .expect("read");
+    assert_eq!(got.len(), 200);
+    assert!(got == want, "the records read back differ");
+}
