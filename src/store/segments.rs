@@ -211,6 +211,24 @@ fn scan(path: &Path, first: u64) -> Result<(Vec<u64>, u64, Option<Bad>), Segment
     Ok((positions, pos, None))
 }
 
+/// The first indexes of the segment files in `dir` (their names), in order.
+pub fn segment_firsts(dir: &Path) -> Result<Vec<u64>, SegmentError> {
+    let io = io_at(dir);
+    let mut firsts = Vec::new();
+    for item in fs::read_dir(dir).map_err(&io)? {
+        let name = item.map_err(&io)?.file_name();
+        if let Some(first) = name
+            .to_string_lossy()
+            .strip_suffix(".seg")
+            .and_then(|n| n.parse::<u64>().ok())
+        {
+            firsts.push(first);
+        }
+    }
+    firsts.sort_unstable();
+    Ok(firsts)
+}
+
 impl SegmentLog {
     /// Opens (creating if needed) the log in `dir`, checking every frame (see the module docs:
     /// `durable` is the highest index known synced).
@@ -219,20 +237,8 @@ impl SegmentLog {
         durable: u64,
         max_segment_bytes: u64,
     ) -> Result<(SegmentLog, Recovery), SegmentError> {
-        let io = io_at(dir);
-        fs::create_dir_all(dir).map_err(&io)?;
-        let mut firsts = Vec::new();
-        for item in fs::read_dir(dir).map_err(&io)? {
-            let name = item.map_err(&io)?.file_name();
-            let name = name.to_string_lossy();
-            if let Some(first) = name
-                .strip_suffix(".seg")
-                .and_then(|n| n.parse::<u64>().ok())
-            {
-                firsts.push(first);
-            }
-        }
-        firsts.sort_unstable();
+        fs::create_dir_all(dir).map_err(io_at(dir))?;
+        let firsts = segment_firsts(dir)?;
         let mut log = SegmentLog {
             dir: dir.to_path_buf(),
             segments: Vec::new(),
@@ -309,19 +315,7 @@ impl SegmentLog {
     /// that wrote them and may be appended to meanwhile. A frame that does not read whole is
     /// damage at or below `through`, and the end of what is read above it.
     pub fn open_read_only(dir: &Path, through: u64) -> Result<SegmentLog, SegmentError> {
-        let io = io_at(dir);
-        let mut firsts = Vec::new();
-        for item in fs::read_dir(dir).map_err(&io)? {
-            let name = item.map_err(&io)?.file_name();
-            if let Some(first) = name
-                .to_string_lossy()
-                .strip_suffix(".seg")
-                .and_then(|n| n.parse::<u64>().ok())
-            {
-                firsts.push(first);
-            }
-        }
-        firsts.sort_unstable();
+        let firsts = segment_firsts(dir)?;
         let mut log = SegmentLog {
             dir: dir.to_path_buf(),
             segments: Vec::new(),

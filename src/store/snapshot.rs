@@ -484,19 +484,9 @@ pub fn verify_file(path: &Path) -> Result<(FileMeta, Trailer), SnapshotError> {
     let (meta, trailer) = read_file(File::open(path)?, |_, _| Ok(()))?;
     if let Some((first, _)) = trailer.linked {
         let dir = linked_dir(path);
-        let lowest = fs::read_dir(&dir)
-            .map_err(|e| {
-                SnapshotError::Corrupt(format!("its segment files {}: {e}", dir.display()))
-            })?
-            .filter_map(|e| e.ok())
-            .filter_map(|e| {
-                e.file_name()
-                    .to_str()
-                    .and_then(|n| n.strip_suffix(".seg"))
-                    .and_then(|n| n.parse::<u64>().ok())
-            })
-            .min();
-        if lowest.is_none_or(|l| l > first) {
+        let firsts = super::segments::segment_firsts(&dir)
+            .map_err(|e| SnapshotError::Corrupt(format!("its segment files: {e}")))?;
+        if firsts.first().is_none_or(|l| *l > first) {
             return Err(SnapshotError::Corrupt(format!(
                 "its segment files in {} do not start at or before entry {first}",
                 dir.display()
