@@ -231,3 +231,34 @@ async fn a_linked_snapshot_newer_than_the_state_machine_loads_at_start_up() {
     assert_eq!(got.len(), 200);
     assert!(got == want, "the records read back differ");
 }
+
+/// What a leader sends: the stream of a linked snapshot is its whole format, chunk after
+/// chunk, exactly what `write_whole` writes; and a snapshot that cannot be read whole ends
+/// its stream with an error (the transfer fails), never with a short or wrong body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_linked_snapshot_streams_whole_or_ends_with_an_error() {
+    use futures::StreamExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Over a chunk of the stream (1 MiB), so that it takes several.
+    let (_store, sm) = logged_node(dir.path(), 301).await;
+    let (_, path) = sm.build_blocking().expect("build");
+    let mut want = Vec::new();
+    write_whole(&path, &mut want).expect("expand");
+    assert!(want.len() > 2 * STREAM_CHUNK, "{} bytes", want.len());
+
+    let mut got = Vec::new();
+    let mut chunks = 0;
+    let mut stream = whole_stream(path.clone());
+    while let Some(chunk) = stream.next().await {
+        got.extend_from_slice(&chunk.expect("a chunk"));
+        chunks += 1;
+    }
+    assert!(chunks > 2, "{chunks} chunks");
+    assert!(got == want, "the stream differs from the whole format");
+
+    fs::remove_dir_all(linked_dir(&path)).expect("remove the links");
+    let items: Vec<io::Result<bytes::Bytes>> = whole_stream(path).collect().await;
+    let last = items.last().expect("the stream says something");
+    let err = last.as_ref().expect_err("the stream ends with an error");
+    assert!(err.to_string().contains("log entry"), "{err}");
+}
