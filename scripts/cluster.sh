@@ -17,6 +17,9 @@
 # The API needs a token: `up` prints it, and keeps it in api.token in the data directory
 # (`export RAFTQ_TOKEN=$(cat data/api.token)`; the CLI, the SDK and curl examples use it).
 #
+# The three nodes share this machine: each runs one runtime worker (`--worker-threads 1`), which
+# spends less CPU switching between them than a worker per core each (docs/performance.md).
+#
 # Everything lives in the data directory: nodeN/ (the node's storage), nodeN.log (its stdout
 # and stderr), nodeN.pid, nodeN.cmd (its exact command line, shell-quoted, so a test can kill a
 # node and start it again with the same arguments), cluster.secret, cluster.id, api.token and
@@ -186,7 +189,8 @@ node_command() {
         --peers "$(peers)" \
         --cluster-secret-file "$DATA_DIR/cluster.secret" \
         --tokens-file "$DATA_DIR/tokens.toml" \
-        --cluster-id "$cluster_id"
+        --cluster-id "$cluster_id" \
+        --worker-threads 1
 }
 
 # Prints its arguments as one shell command line: plain words as they are, others in single

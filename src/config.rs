@@ -67,6 +67,10 @@ pub struct ServeArgs {
     /// commit off: every command is an entry and an fsync of its own.
     #[arg(long, env = "RAFTQ_MAX_ENTRY_COMMANDS")]
     pub max_entry_commands: Option<usize>,
+    /// Runtime worker threads (default: one per core). Where several nodes share a machine,
+    /// 1 each spends less CPU switching between them.
+    #[arg(long, env = "RAFTQ_WORKER_THREADS")]
+    pub worker_threads: Option<usize>,
     /// Most `/v1` requests this node answers at once; more get 429 `overloaded`
     /// (default 4,096).
     #[arg(long, env = "RAFTQ_MAX_REQUESTS_IN_FLIGHT")]
@@ -127,6 +131,7 @@ struct FileConfig {
     snapshot_keep_logs: Option<u64>,
     write_buffer_bytes: Option<u64>,
     max_entry_commands: Option<usize>,
+    worker_threads: Option<usize>,
     max_requests_in_flight: Option<usize>,
     max_body_bytes_in_flight: Option<u64>,
     max_long_polls: Option<usize>,
@@ -172,6 +177,8 @@ pub struct Settings {
     pub write_buffer_bytes: u64,
     /// Most client commands in one Raft entry.
     pub max_entry_commands: usize,
+    /// Runtime worker threads (`None`: one per core).
+    pub worker_threads: Option<usize>,
     /// The TLS this node serves, when it has a certificate.
     pub tls: Option<std::sync::Arc<rustls::ServerConfig>>,
     /// The HTTP client for calls to peers (trusting `--tls-ca` for `https://` peers).
@@ -344,6 +351,11 @@ impl ServeArgs {
             (64 << 10, 1 << 30),
             "64 KiB and 1 GiB",
         )?;
+        let worker_threads = self
+            .worker_threads
+            .or(file.worker_threads)
+            .map(|n| within("worker_threads", Some(n), n, (1, 1024), "1 and 1024"))
+            .transpose()?;
         let max_entry_commands = within(
             "max_entry_commands",
             self.max_entry_commands.or(file.max_entry_commands),
@@ -432,6 +444,7 @@ impl ServeArgs {
             snapshot_keep_logs,
             write_buffer_bytes,
             max_entry_commands,
+            worker_threads,
             tls,
             peer_http,
         })
@@ -479,11 +492,14 @@ mod tests {
             (s.snapshot_logs, s.snapshot_bytes, s.snapshot_keep_logs),
             (20_000, 256 << 20, 1_000)
         );
+        assert_eq!(s.worker_threads, None, "one worker per core unless told");
         let mut a = base();
         a.snapshot_logs = Some(50);
         a.write_buffer_bytes = Some(1 << 20);
+        a.worker_threads = Some(1);
         let s = a.resolve().unwrap();
         assert_eq!((s.snapshot_logs, s.write_buffer_bytes), (50, 1 << 20));
+        assert_eq!(s.worker_threads, Some(1));
     }
 
     #[test]
@@ -539,6 +555,10 @@ mod tests {
             (
                 Box::new(|a| a.max_body_bytes = Some(1000)),
                 "max_body_bytes must be between",
+            ),
+            (
+                Box::new(|a| a.worker_threads = Some(0)),
+                "worker_threads must be between 1 and",
             ),
             (
                 Box::new(|a| a.max_entry_commands = Some(0)),

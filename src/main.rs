@@ -68,7 +68,11 @@ fn main() -> std::process::ExitCode {
     init_logging(&cli.log_format);
     let result = match cli.command {
         Cmd::Serve(args) => args.resolve().and_then(|settings| {
-            tokio::runtime::Builder::new_multi_thread()
+            let mut runtime = tokio::runtime::Builder::new_multi_thread();
+            if let Some(n) = settings.worker_threads {
+                runtime.worker_threads(n);
+            }
+            runtime
                 .enable_all()
                 .build()?
                 .block_on(raftq::server::run(settings))

@@ -131,6 +131,13 @@ async fn cluster_script_runs_an_authenticated_cluster_that_survives_a_killed_nod
         "SIGKILL node 2"
     );
     let cmd = std::fs::read_to_string(dir.join("node2.cmd")).expect("node2.cmd");
+    // The nodes share the machine: one runtime worker each, on the recorded command line too.
+    assert!(cmd.contains("--worker-threads 1"), "{cmd}");
+    let node_log = std::fs::read_to_string(dir.join("node2.log")).expect("node2.log");
+    assert!(
+        node_log.contains("raftq node started") && node_log.contains("workers=1"),
+        "node 2 does not run one worker:\n{node_log}"
+    );
     let log = std::fs::OpenOptions::new()
         .append(true)
         .open(dir.join("node2.log"))

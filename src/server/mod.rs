@@ -117,6 +117,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         cluster = %settings.cluster_id,
         data = %settings.data.display(),
         tls = settings.tls.is_some(),
+        workers = tokio::runtime::Handle::current().metrics().num_workers(),
         "raftq node started"
     );
     match &settings.tokens_file {
