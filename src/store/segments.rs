@@ -249,18 +249,7 @@ impl SegmentLog {
         for (n, &first) in firsts.iter().enumerate() {
             let path = dir.join(file_name(first));
             let last_segment = n + 1 == firsts.len();
-            if let Some(prev) = log.last_index() {
-                if first != prev + 1 {
-                    return Err(SegmentError::Damaged {
-                        path,
-                        position: 0,
-                        index: prev + 1,
-                        reason: format!(
-                            "starts at entry {first}; the segment before ends at {prev}"
-                        ),
-                    });
-                }
-            }
+            log.check_follows(first, &path)?;
             let (positions, good_len, bad) = scan(&path, first)?;
             if let Some(bad) = bad {
                 let index = first + positions.len() as u64;
@@ -324,14 +313,7 @@ impl SegmentLog {
         };
         for first in firsts.into_iter().filter(|f| *f <= through) {
             let path = dir.join(file_name(first));
-            if let Some(prev) = log.last_index().filter(|p| first != p + 1) {
-                return Err(SegmentError::Damaged {
-                    path,
-                    position: 0,
-                    index: prev + 1,
-                    reason: format!("starts at entry {first}; the segment before ends at {prev}"),
-                });
-            }
+            log.check_follows(first, &path)?;
             let (mut positions, len, bad) = scan(&path, first)?;
             let held = first + positions.len() as u64;
             if let Some(bad) = bad.filter(|_| held <= through) {
@@ -384,6 +366,19 @@ impl SegmentLog {
             linked += 1;
         }
         Ok(linked)
+    }
+
+    /// A segment at `path` starting at `first` must start right after the last one opened.
+    fn check_follows(&self, first: u64, path: &Path) -> Result<(), SegmentError> {
+        match self.last_index().filter(|prev| first != prev + 1) {
+            None => Ok(()),
+            Some(prev) => Err(SegmentError::Damaged {
+                path: path.to_path_buf(),
+                position: 0,
+                index: prev + 1,
+                reason: format!("starts at entry {first}; the segment before ends at {prev}"),
+            }),
+        }
     }
 
     /// The first and last index held, if any.
