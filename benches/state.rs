@@ -11,8 +11,8 @@ use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion
 use raftq::codec;
 use raftq::state::{
     apply_entry, Batch, Command, CreateSub, CreateTopic, LogPayload, NewRecord, NothingStored,
-    Outcome, ProducerSeq, Publish, Pull, ReceiptAction, SetCursor, SettleReceipts, SmState, Start,
-    StoredRecord, SubRef, SubSettings, TopicSettings,
+    Outcome, ProducerSeq, Publish, PublishBatch, Pull, ReceiptAction, SetCursor, SettleReceipts,
+    SmState, Start, StoredRecord, SubRef, SubSettings, TopicSettings,
 };
 
 const TOPIC: &str = "bench";
@@ -36,6 +36,16 @@ fn publish(records: Vec<NewRecord>, producer: Option<ProducerSeq>) -> Command {
         topic: TOPIC.to_string(),
         records,
         producer,
+    })
+}
+
+/// One batch publish of 64 records, as the leader proposes what an SDK sends.
+fn batch_publish() -> Command {
+    let records: Vec<NewRecord> = (0..RECORDS).map(record).collect();
+    Command::PublishBatch(PublishBatch {
+        topic: TOPIC.to_string(),
+        batches: raftq::state::encode_records(&records).into(),
+        producer: None,
     })
 }
 
@@ -143,6 +153,15 @@ fn bench_apply(c: &mut Criterion) {
         &entry,
     );
 
+    let entry = batch(vec![batch_publish()]);
+    apply_on(
+        &mut group,
+        "publish_batch_1_command_of_64_records",
+        &state,
+        10,
+        &entry,
+    );
+
     let entry = batch(
         (0..RECORDS)
             .map(|i| {
@@ -210,6 +229,16 @@ fn bench_codec(c: &mut Criterion) {
         b.iter(|| codec::encode(black_box(&payload)).expect("encode"))
     });
     group.bench_function("decode_entry_64_records", |b| {
+        b.iter(|| codec::decode::<LogPayload>(black_box(&encoded)).expect("decode"))
+    });
+
+    let payload = LogPayload::V1(batch(vec![batch_publish()]));
+    let encoded = codec::encode(&payload).expect("encode");
+    group.throughput(Throughput::Bytes(encoded.len() as u64));
+    group.bench_function("encode_entry_batch_of_64_records", |b| {
+        b.iter(|| codec::encode(black_box(&payload)).expect("encode"))
+    });
+    group.bench_function("decode_entry_batch_of_64_records", |b| {
         b.iter(|| codec::decode::<LogPayload>(black_box(&encoded)).expect("decode"))
     });
 

@@ -230,7 +230,7 @@ fn decode_client_input(b: &[u8]) {
     if let Ok(a) = serde_json::from_slice::<AckRequest>(b) {
         let _ = crate::api::subscriptions::parse_receipts(&a.receipts);
     }
-    let _ = crate::api::records::convert_batches(b);
+    let _ = crate::api::records::check_batches(b);
     let text = String::from_utf8_lossy(b).into_owned();
     let _ = crate::api::records::read_params(&Some(text.clone()));
     let _ = crate::state::Receipt::parse(&text);

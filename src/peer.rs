@@ -471,6 +471,9 @@ async fn status(State(state): State<Peer>, headers: HeaderMap) -> Result<Respons
         "purged": m.purged.map_or(0, |l| l.index),
         // This node's wall clock, for the peers' entry clocks (crate::clock).
         "wall_us": crate::clock::wall_us(),
+        // The newest commands this node applies: a leader proposes batch publishes only once
+        // every member applies them.
+        "command_format": crate::state::COMMAND_FORMAT,
     }))
     .into_response())
 }

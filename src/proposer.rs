@@ -25,7 +25,7 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use crate::clock::EntryClock;
 use crate::raft::NodeId;
-use crate::state::{Batch, Command, CommandResult, CommitPoint, LogPayload};
+use crate::state::{Batch, Command, CommandResult, CommitPoint, LogPayload, Publish, PublishBatch};
 use crate::store::Raft;
 
 /// Why a command got no result from the state machine.
@@ -148,10 +148,14 @@ async fn sleep_until_opt(at: Option<Instant>) {
 
 fn producer_key(command: &Command) -> Option<(ProducerKey, u64)> {
     match command {
-        Command::Publish(p) => p
-            .producer
+        Command::Publish(Publish {
+            topic, producer, ..
+        })
+        | Command::PublishBatch(PublishBatch {
+            topic, producer, ..
+        }) => producer
             .as_ref()
-            .map(|seq| ((p.topic.clone(), seq.producer_id.clone()), seq.sequence)),
+            .map(|seq| ((topic.clone(), seq.producer_id.clone()), seq.sequence)),
         _ => None,
     }
 }

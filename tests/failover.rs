@@ -155,7 +155,9 @@ async fn all_nodes_sigkilled_at_once_keep_every_acknowledged_record() {
         }
         for (i, value) in values.iter().enumerate() {
             let offset = ack.first_offset + i as u64;
-            let got = log.get(offset as usize).and_then(|r| r.value.clone());
+            let got = log
+                .get(offset as usize)
+                .and_then(|r| r.value_str().map(str::to_owned));
             if got.as_deref() != Some(value.as_str()) {
                 problems.push(format!(
                     "offset {offset}: acknowledged {value:?}, after the crash {got:?}"
@@ -195,8 +197,7 @@ fn history_checker_sees_every_kind_of_violation() {
         timestamp_ms: 1,
         key: None,
         headers: Default::default(),
-        value: Some(value.to_string()),
-        value_b64: None,
+        value: value.to_string().into(),
     };
     let ack = |offset: u64| PublishResponse {
         first_offset: offset,

@@ -74,7 +74,10 @@ async fn concurrent_publishes_share_entries_and_get_dense_offsets() {
     // And what was acknowledged is what every node serves.
     cluster.wait_converged("gc").await;
     let log = cluster.consistent_log("gc").await;
-    let values: BTreeSet<String> = log.iter().filter_map(|r| r.value.clone()).collect();
+    let values: BTreeSet<String> = log
+        .iter()
+        .filter_map(|r| r.value_str().map(str::to_owned))
+        .collect();
     assert_eq!(values.len(), N);
 }
 

@@ -35,7 +35,7 @@ async fn check_identical(c: &Cluster, topic: &str, acked: &BTreeSet<String>) {
             .read_all(id, topic)
             .await
             .into_iter()
-            .map(|r| r.value.unwrap_or_default())
+            .map(|r| r.value_str().unwrap_or_default().to_string())
             .collect();
         let missing: Vec<&String> = acked
             .iter()

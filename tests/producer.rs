@@ -158,7 +158,7 @@ async fn publish_with_a_spool_killed_four_times_leaves_every_line_exactly_once()
 
     // Every node serves the very same log: every line once, in file order.
     let log = c.consistent_log(topic).await;
-    let values: Vec<&str> = log.iter().filter_map(|r| r.value.as_deref()).collect();
+    let values: Vec<&str> = log.iter().filter_map(|r| r.value_str()).collect();
     if values != lines.iter().map(String::as_str).collect::<Vec<_>>() {
         let mut seen = std::collections::HashMap::new();
         for value in &values {

@@ -132,7 +132,7 @@ async fn idempotent_publish_deduplicates_across_leader_kill_and_full_restart() {
         let values: Vec<String> = all_records(&c, id, "orders")
             .await
             .into_iter()
-            .map(|r| r.value.unwrap_or_default())
+            .map(|r| r.value_str().unwrap_or_default().to_string())
             .collect();
         assert_eq!(values, ["a", "b", "c", "d"], "node {id}");
         let report: TopicReport = c.get_json(id, "/v1/topics/orders/report").await;
@@ -355,7 +355,7 @@ async fn a_broadcast_is_in_every_named_topic_at_one_commit_point_or_in_none() {
         for (topic, offset) in &marked.offsets {
             let records = all_records(&c, id, topic).await;
             let marker = &records[*offset as usize];
-            assert_eq!(marker.value.as_deref(), Some("eod"));
+            assert_eq!(marker.value_str(), Some("eod"));
             assert_eq!(marker.headers["kind"], "end-of-day");
             assert_eq!(
                 marker.headers[HEADER_COMMIT_INDEX],

@@ -74,7 +74,7 @@ async fn count_and_bytes_limits_trim_the_front_and_reads_report_skipped() {
         assert_eq!(page.skipped, 5, "node {id}: offsets 2..7 are gone");
         let got: Vec<u64> = page.records.iter().map(|r| r.offset).collect();
         assert_eq!(got, (7..12).collect::<Vec<_>>(), "node {id}");
-        assert_eq!(page.records[0].value.as_deref(), Some("v0007"));
+        assert_eq!(page.records[0].value_str(), Some("v0007"));
         let info: TopicInfo = c.topic(id, "small").await.unwrap_or_else(|e| c.fail(&e));
         assert_eq!(info.summary.bytes, 20, "node {id}");
         assert_eq!(info.config.retention.max_bytes, Some(20));

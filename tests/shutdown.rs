@@ -222,7 +222,7 @@ async fn shutdown_answers_open_long_polls_and_refuses_new_requests() {
     c.publish_values(topic, &["s/2".to_string()]).await;
     c.restart(node).await;
     let log = c.consistent_log(topic).await;
-    let got: Vec<Option<&str>> = log.iter().map(|r| r.value.as_deref()).collect();
+    let got: Vec<Option<&str>> = log.iter().map(|r| r.value_str()).collect();
     assert_eq!(
         got,
         vec![Some("s/0"), Some("s/1"), Some("s/2")],
@@ -364,7 +364,7 @@ async fn shutdown_with_an_uncommittable_write_is_slower_but_bounded() {
     }
     c.wait_leader(Duration::from_secs(30)).await;
     let log = c.consistent_log(topic).await;
-    let got: Vec<&str> = log.iter().filter_map(|r| r.value.as_deref()).collect();
+    let got: Vec<&str> = log.iter().filter_map(|r| r.value_str()).collect();
     assert_eq!(got.first(), Some(&"k/0"), "{got:?}");
     assert!(
         got.iter().filter(|v| **v == "k/stuck").count() <= 1,

@@ -44,7 +44,10 @@ async fn a_tls_cluster_forms_replicates_and_refuses_untrusting_clients() {
     // Replicated to every node over TLS between nodes.
     cluster.wait_converged("secure").await;
     let log = cluster.consistent_log("secure").await;
-    let got: Vec<_> = log.iter().filter_map(|r| r.value.clone()).collect();
+    let got: Vec<_> = log
+        .iter()
+        .filter_map(|r| r.value_str().map(str::to_owned))
+        .collect();
     assert_eq!(got, first);
 
     // A client that does not trust the CA is refused, whether it trusts the system's CAs or
@@ -139,7 +142,10 @@ async fn a_tls_cluster_forms_replicates_and_refuses_untrusting_clients() {
     cluster.restart(leader).await;
     cluster.wait_converged("secure").await;
     let log = cluster.consistent_log("secure").await;
-    let got: Vec<_> = log.iter().filter_map(|r| r.value.clone()).collect();
+    let got: Vec<_> = log
+        .iter()
+        .filter_map(|r| r.value_str().map(str::to_owned))
+        .collect();
     assert_eq!(got, [first, second].concat());
     let read = client
         .read("secure", &ReadOptions::new().from_offset(0).max(100))

@@ -119,7 +119,7 @@ fn print_message(message: &Message, json: bool) -> Result<(), io::Error> {
             message.offset,
             message.delivery_count,
             key_field(message.key.as_deref()),
-            value_field(message.value.as_deref(), message.value_b64.as_deref())
+            value_field(&message.value)
         )
     };
     let mut out = io::stdout().lock();
@@ -210,7 +210,7 @@ fn print_record(out: &mut impl Write, record: &Record, json: bool) -> Result<(),
             "{}\t{}\t{}",
             record.offset,
             key_field(record.key.as_deref()),
-            value_field(record.value.as_deref(), record.value_b64.as_deref())
+            value_field(&record.value)
         )
     }
 }
@@ -221,11 +221,14 @@ fn key_field(key: Option<&str>) -> String {
 }
 
 /// A value on one line: text escaped, binary as `base64:...`.
-fn value_field(value: Option<&str>, value_b64: Option<&str>) -> String {
-    match (value, value_b64) {
-        (Some(text), _) => escape(text),
-        (None, Some(b64)) => format!("base64:{b64}"),
-        (None, None) => String::new(),
+fn value_field(value: &[u8]) -> String {
+    use base64::Engine as _;
+    match std::str::from_utf8(value) {
+        Ok(text) => escape(text),
+        Err(_) => format!(
+            "base64:{}",
+            base64::engine::general_purpose::STANDARD.encode(value)
+        ),
     }
 }
 
@@ -254,14 +257,13 @@ mod tests {
     fn lines_escape_what_would_break_them() {
         assert_eq!(escape("a\tb\nc\\d\u{1}é"), "a\\tb\\nc\\\\d\\u{1}é");
         assert_eq!(key_field(None), "-");
-        assert_eq!(value_field(None, Some("AAE=")), "base64:AAE=");
+        assert_eq!(value_field(&[0, 1, 0xff]), "base64:AAH/");
         let record = Record {
             offset: 7,
             timestamp_ms: 1,
             key: Some("k".into()),
             headers: Default::default(),
-            value: Some("two\nlines".into()),
-            value_b64: None,
+            value: "two\nlines".into(),
         };
         let mut out = Vec::new();
         print_record(&mut out, &record, false).unwrap();

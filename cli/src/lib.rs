@@ -72,6 +72,23 @@ pub struct Connection {
         global = true
     )]
     pub publish_format: PublishFormatArg,
+    /// How reads and pulls ask for records: in their binary form (record batches), or JSON.
+    #[arg(
+        long,
+        value_enum,
+        value_name = "FORMAT",
+        env = "RAFTQ_READ_FORMAT",
+        default_value = "records",
+        global = true
+    )]
+    pub read_format: ReadFormatArg,
+}
+
+/// `--read-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ReadFormatArg {
+    Records,
+    Json,
 }
 
 /// `--publish-format`.
@@ -258,6 +275,10 @@ fn connect(connection: &Connection) -> Result<Client, Failure> {
     builder = builder.publish_format(match connection.publish_format {
         PublishFormatArg::RecordBatch => raftq_client::PublishFormat::RecordBatch,
         PublishFormatArg::Json => raftq_client::PublishFormat::Json,
+    });
+    builder = builder.read_format(match connection.read_format {
+        ReadFormatArg::Records => raftq_client::ReadFormat::Records,
+        ReadFormatArg::Json => raftq_client::ReadFormat::Json,
     });
     Ok(builder.build()?)
 }

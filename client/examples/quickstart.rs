@@ -76,13 +76,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             return Err("the published records did not come back within the wait".into());
         }
         for record in &read.records {
-            match &record.value {
+            match record.value_str() {
                 Some(text) => println!("  #{} key={:?} {text:?}", record.offset, record.key),
                 None => println!(
                     "  #{} key={:?} {} binary bytes",
                     record.offset,
                     record.key,
-                    record.value_bytes().len()
+                    record.value.len()
                 ),
             }
         }

@@ -213,7 +213,8 @@
 //! - `reader`: [`Reader`].
 
 pub mod api;
-pub mod batch;
+/// Kafka's record batch format, the body of a binary publish: the `raftq-batch` crate.
+pub use raftq_batch as batch;
 mod client;
 mod error;
 pub mod producer;
@@ -223,8 +224,8 @@ pub mod subscriber;
 mod transport;
 
 pub use client::{
-    Client, ClientBuilder, PublishFormat, ReadOptions, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DEADLINE,
-    DEFAULT_REQUEST_TIMEOUT,
+    Client, ClientBuilder, PublishFormat, ReadFormat, ReadOptions, DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_DEADLINE, DEFAULT_REQUEST_TIMEOUT,
 };
 pub use error::Error;
 pub use producer::{

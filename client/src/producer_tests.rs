@@ -214,7 +214,7 @@ async fn serve(
                 values: request
                     .records
                     .iter()
-                    .map(|r| r.value.clone().unwrap_or_default())
+                    .map(|r| r.value_str().unwrap_or_default().to_string())
                     .collect(),
             };
             let plan = {

@@ -460,8 +460,7 @@ impl Spool {
                     .records
                     .iter()
                     .map(|record| {
-                        record.value.as_ref().map_or(0, String::len)
-                            + record.value_b64.as_ref().map_or(0, String::len)
+                        record.value.len()
                             + record.key.as_ref().map_or(0, String::len)
                             + record
                                 .headers

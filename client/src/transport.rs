@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use rand::Rng as _;
-use reqwest::header::{HeaderMap, HeaderValue, AUTHORIZATION, CONTENT_TYPE, LOCATION, RETRY_AFTER};
+use reqwest::header::{
+    HeaderMap, HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_TYPE, LOCATION, RETRY_AFTER,
+};
 use reqwest::{Method, StatusCode, Url};
 use tokio::time::Instant;
 
@@ -69,11 +71,30 @@ pub(crate) struct Call {
     pub hold: Duration,
 }
 
+/// A 2xx answer.
+pub(crate) struct Answer {
+    pub status: StatusCode,
+    /// The answer's `Content-Type`, when it has one.
+    pub content_type: Option<HeaderValue>,
+    pub body: Bytes,
+}
+
+impl Answer {
+    /// Whether the answer is in the content type `media` (parameters aside).
+    pub fn is(&self, media: &str) -> bool {
+        self.content_type
+            .as_ref()
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split(';').next())
+            .is_some_and(|v| v.trim().eq_ignore_ascii_case(media))
+    }
+}
+
 /// The outcome of one HTTP exchange, classified by what it says about the call's effect.
 #[derive(Debug)]
 enum Attempt {
-    /// 2xx: applied (for a write), with the body to decode.
-    Done(StatusCode, Bytes),
+    /// 2xx: applied (for a write), with the body to decode and its content type.
+    Done(StatusCode, Option<HeaderValue>, Bytes),
     /// A definite refusal to hand to the caller (4xx other than 429).
     Refused(Problem),
     /// 307: not applied here; the leader is elsewhere.
@@ -198,6 +219,17 @@ impl Transport {
     /// Sends `call` until it gets a definite answer or its deadline passes, and returns the
     /// status and body of the 2xx answer.
     pub(crate) async fn execute(&self, call: &Call) -> Result<(StatusCode, Bytes), Error> {
+        let answer = self.execute_accepting(call, None).await?;
+        Ok((answer.status, answer.body))
+    }
+
+    /// [`Transport::execute`], asking for the answer in the content type `accept` (the server
+    /// may answer in another: see [`Answer::content_type`]).
+    pub(crate) async fn execute_accepting(
+        &self,
+        call: &Call,
+        accept: Option<&'static str>,
+    ) -> Result<Answer, Error> {
         let budget = self.deadline + call.hold;
         let deadline = Instant::now() + budget;
         let mut backoff = INITIAL_BACKOFF;
@@ -225,10 +257,10 @@ impl Transport {
             };
             tries.attempts += 1;
             let timeout = (self.request_timeout + call.hold).min(remaining);
-            let outcome = self.attempt(call, &url, timeout).await;
+            let outcome = self.attempt(call, accept, &url, timeout).await;
             let mut retry_after = None;
             match outcome {
-                Attempt::Done(status, body) => {
+                Attempt::Done(status, content_type, body) => {
                     if let Some(index) = node {
                         // A node that accepted a write leads (or led a moment ago); a read
                         // says nothing about leadership.
@@ -236,7 +268,11 @@ impl Transport {
                             self.nodes().leader = Some(index);
                         }
                     }
-                    return Ok((status, body));
+                    return Ok(Answer {
+                        status,
+                        content_type,
+                        body,
+                    });
                 }
                 Attempt::Refused(problem) => {
                     // The refusal speaks for this attempt only. After an attempt that may have
@@ -324,11 +360,20 @@ impl Transport {
     }
 
     /// One HTTP exchange with one node, classified.
-    async fn attempt(&self, call: &Call, url: &Url, timeout: Duration) -> Attempt {
+    async fn attempt(
+        &self,
+        call: &Call,
+        accept: Option<&'static str>,
+        url: &Url,
+        timeout: Duration,
+    ) -> Attempt {
         let mut request = self
             .http
             .request(call.method.clone(), url.clone())
             .timeout(timeout);
+        if let Some(accept) = accept {
+            request = request.header(ACCEPT, accept);
+        }
         if let Some(authorization) = &self.authorization {
             request = request.header(AUTHORIZATION, authorization.clone());
         }
@@ -395,7 +440,7 @@ fn classify(
     body: Bytes,
 ) -> Attempt {
     if status.is_success() {
-        return Attempt::Done(status, body);
+        return Attempt::Done(status, headers.get(CONTENT_TYPE).cloned(), body);
     }
     let problem = parse_problem(status, &body);
     let retry_after = headers

@@ -263,6 +263,81 @@ pub fn check_name(kind: &str, name: &str) -> Result<(), ApiError> {
 }
 
 /// Parses a JSON body into `T`, with a problem that says what is wrong.
+/// An answer that holds records: JSON, or their binary form (`application/vnd.raftq.records`,
+/// `raftq_client::api::records_form`) when the request's `Accept` names it.
+pub enum RecordsAnswer<T> {
+    Json(T),
+    Binary(Vec<u8>),
+}
+
+impl<T> RecordsAnswer<T> {
+    /// `answer` in the form `headers` ask for: the binary form made by `binary`, or JSON.
+    pub fn new(
+        headers: &axum::http::HeaderMap,
+        answer: T,
+        binary: impl FnOnce(&T) -> Result<Vec<u8>, String>,
+    ) -> Result<Self, ApiError> {
+        if accepts_records(headers) {
+            binary(&answer)
+                .map(RecordsAnswer::Binary)
+                .map_err(|e| ApiError::internal(format!("encoding the records: {e}")))
+        } else {
+            Ok(RecordsAnswer::Json(answer))
+        }
+    }
+}
+
+impl<T: serde::Serialize> IntoResponse for RecordsAnswer<T> {
+    fn into_response(self) -> Response {
+        match self {
+            RecordsAnswer::Json(answer) => axum::Json(answer).into_response(),
+            RecordsAnswer::Binary(body) => (
+                [(
+                    axum::http::header::CONTENT_TYPE,
+                    raftq_client::api::RECORDS_CONTENT_TYPE,
+                )],
+                body,
+            )
+                .into_response(),
+        }
+    }
+}
+
+/// Whether a request's `Accept` names the binary form of records (any of its media ranges,
+/// whatever its parameters).
+pub(crate) fn accepts_records(headers: &axum::http::HeaderMap) -> bool {
+    headers
+        .get_all(axum::http::header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|range| range.split(';').next())
+        .any(|media| {
+            media
+                .trim()
+                .eq_ignore_ascii_case(raftq_client::api::RECORDS_CONTENT_TYPE)
+        })
+}
+
+/// The schema of the binary form of records, for the OpenAPI document.
+pub struct RecordsBody;
+
+impl utoipa::PartialSchema for RecordsBody {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{KnownFormat, ObjectBuilder, SchemaFormat, Type};
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .format(Some(SchemaFormat::KnownFormat(KnownFormat::Binary)))
+            .description(Some(
+                "A 4-byte big-endian length, that many bytes of JSON (the answer without its \
+                 records' contents), then the records as Kafka record batches",
+            ))
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for RecordsBody {}
+
 pub fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     serde_json::from_slice(body).map_err(|e| ApiError::invalid(format!("malformed JSON body: {e}")))
 }

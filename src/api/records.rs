@@ -9,21 +9,21 @@ use axum::extract::{RawQuery, State};
 use axum::http::{header, HeaderMap, Uri};
 use axum::Json;
 use base64::Engine as _;
+use raftq_client::api::records_form;
 use raftq_client::api::{
     CommitPoint, ErrorCode, PublishRequest, PublishResponse, ReadFrom, ReadResponse, Record,
     RecordIn, MAX_BATCH_RECORDS, MAX_HEADER_NAME_BYTES, MAX_KEY_BYTES, MAX_READ_RECORDS,
     MAX_RECORD_HEADERS, MAX_WAIT_MS, RECORD_BATCH_CONTENT_TYPE,
 };
-use raftq_client::batch;
 
 use super::error::ApiError;
 use super::limits::Limits;
 use super::openapi::responses::*;
-use super::{check_name, parse_json, TopicName};
+use super::{check_name, parse_json, RecordsAnswer, TopicName};
 use crate::node::AppState;
 use crate::state::{
-    producers, record_size, Command, NewRecord, Outcome, ProducerSeq, Publish, SetCursor,
-    StoredRecord, SubRef, DEFAULT_MAX_RECORD_BYTES,
+    self, producers, record_size, BatchRecord, Command, NewRecord, Outcome, ProducerSeq, Publish,
+    PublishBatch, SetCursor, StoredRecord, SubRef, DEFAULT_MAX_RECORD_BYTES,
 };
 
 /// Default and upper bound of `max_bytes` on a read.
@@ -48,31 +48,32 @@ fn check_key(what: &str, key: Option<&str>) -> Result<(), ApiError> {
 }
 
 pub(crate) fn convert(what: &str, r: RecordIn) -> Result<NewRecord, ApiError> {
-    let value = match (r.value, r.value_b64) {
-        (Some(v), None) => v.into_bytes(),
-        (None, Some(b)) => base64::engine::general_purpose::STANDARD
-            .decode(b.as_bytes())
-            .map_err(|e| {
-                ApiError::invalid(format!("{what}: value_b64 is not valid base64: {e}"))
-            })?,
-        (Some(_), Some(_)) => {
-            return Err(ApiError::invalid(format!(
-                "{what} has both value and value_b64; send exactly one"
-            )))
-        }
-        (None, None) => {
-            return Err(ApiError::invalid(format!(
-                "{what} has neither value nor value_b64"
-            )))
-        }
-    };
     check_headers(what, r.headers.len(), r.headers.keys().map(String::as_str))?;
     check_key(what, r.key.as_deref())?;
     Ok(NewRecord {
         key: r.key,
         headers: r.headers.into_iter().collect(),
-        value,
+        value: r.value.into(),
     })
+}
+
+/// A value given as JSON's `value` (UTF-8 text) or `value_b64` (base64), at most one of them;
+/// neither is an empty value.
+pub(crate) fn json_value(
+    what: &str,
+    value: Option<String>,
+    value_b64: Option<String>,
+) -> Result<Vec<u8>, ApiError> {
+    match (value, value_b64) {
+        (Some(text), None) => Ok(text.into_bytes()),
+        (None, Some(b)) => base64::engine::general_purpose::STANDARD
+            .decode(b.as_bytes())
+            .map_err(|e| ApiError::invalid(format!("{what}: value_b64 is not valid base64: {e}"))),
+        (Some(_), Some(_)) => Err(ApiError::invalid(format!(
+            "{what} has both value and value_b64; send exactly one"
+        ))),
+        (None, None) => Ok(Vec::new()),
+    }
 }
 
 /// At most [`MAX_RECORD_HEADERS`] headers, each name 1 to [`MAX_HEADER_NAME_BYTES`] bytes.
@@ -96,62 +97,42 @@ fn check_headers<'a>(
 }
 
 /// The records of a binary publish: a body of Kafka record batches (see
-/// [`raftq_client::batch`]), each record becoming one log record. Keys and header values must
-/// be UTF-8 (raftq's keys and header values are text), values and header values must not be
-/// null, and header names must not repeat. The batches' timestamps and producer fields are not
-/// used: the leader stamps each record, and idempotency is `producer_id` and `sequence`.
-pub(crate) fn convert_batches(body: &[u8]) -> Result<Vec<NewRecord>, ApiError> {
-    let limits = batch::Limits {
-        max_records: MAX_BATCH_RECORDS,
-        max_headers_per_record: MAX_RECORD_HEADERS,
-    };
-    let batches = batch::decode_all(body, &limits)
-        .map_err(|e| ApiError::invalid(format!("malformed record batch: {e}")))?;
-    let count: usize = batches.iter().map(|b| b.records.len()).sum();
-    if count > MAX_BATCH_RECORDS {
+/// [`raftq_client::batch`]), each record becoming one log record, checked as the state machine
+/// takes them ([`state::batch_records`]: keys and header values UTF-8, since raftq's keys and
+/// header values are text; values and header values not null; header names not repeated) and
+/// within the API's limits. The batches' timestamps and producer fields are not used: the
+/// leader stamps each record, and idempotency is `producer_id` and `sequence`.
+pub(crate) fn check_batches(body: &[u8]) -> Result<Vec<BatchRecord<'_>>, ApiError> {
+    let records = state::batch_records(body).map_err(ApiError::invalid)?;
+    if records.len() > MAX_BATCH_RECORDS {
         return Err(ApiError::invalid(format!(
-            "a publish carries 1 to {MAX_BATCH_RECORDS} records, not {count}"
+            "a publish carries 1 to {MAX_BATCH_RECORDS} records, not {}",
+            records.len()
         )));
     }
-    let mut records = Vec::with_capacity(count);
-    for r in batches.iter().flat_map(|b| &b.records) {
-        let what = format!("record {}", records.len());
-        // The field's name is only spelled out for the error.
-        let text = |bytes: &[u8], field: &dyn Fn() -> String| {
-            std::str::from_utf8(bytes).map(str::to_owned).map_err(|_| {
-                ApiError::invalid(format!("{what}: its {} is not UTF-8 text", field()))
-            })
-        };
-        let key = r.key.map(|k| text(k, &|| "key".to_string())).transpose()?;
-        check_key(&what, key.as_deref())?;
-        check_headers(&what, r.headers.len(), r.headers.iter().map(|h| h.key))?;
-        let mut headers = Vec::with_capacity(r.headers.len());
-        for h in &r.headers {
-            let value = h.value.ok_or_else(|| {
-                ApiError::invalid(format!("{what}: header {:?} has a null value", h.key))
-            })?;
-            headers.push((
-                h.key.to_owned(),
-                text(value, &|| format!("header {:?}", h.key))?,
-            ));
-        }
-        headers.sort_by(|a, b| a.0.cmp(&b.0));
-        if let Some(pair) = headers.windows(2).find(|p| p[0].0 == p[1].0) {
-            return Err(ApiError::invalid(format!(
-                "{what}: header {:?} appears more than once",
-                pair[0].0
-            )));
-        }
-        let value = r
-            .value
-            .ok_or_else(|| ApiError::invalid(format!("{what} has a null value")))?;
-        records.push(NewRecord {
-            key,
-            headers,
-            value: value.to_vec(),
-        });
+    for (i, r) in records.iter().enumerate() {
+        let what = format!("record {i}");
+        check_key(&what, r.key)?;
+        check_headers(&what, r.headers.len(), r.headers.iter().map(|h| h.0))?;
     }
     Ok(records)
+}
+
+/// The records of a binary publish as [`NewRecord`]s, for a cluster whose members do not all
+/// apply batch publishes yet.
+fn owned(records: &[BatchRecord<'_>]) -> Vec<NewRecord> {
+    records
+        .iter()
+        .map(|r| NewRecord {
+            key: r.key.map(str::to_owned),
+            headers: r
+                .headers
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            value: r.value.to_vec(),
+        })
+        .collect()
 }
 
 /// `producer_id` and `sequence`, from a JSON body or a binary publish's query: both or neither.
@@ -174,6 +155,26 @@ fn producer_seq(
              neither",
         )),
     }
+}
+
+/// A publish's records as they go into the log.
+enum Records {
+    /// Kafka record batches, checked: a [`PublishBatch`].
+    Batches(Bytes),
+    /// One by one: a [`Publish`], for a cluster not all of whose members apply batches.
+    Parsed(Vec<NewRecord>),
+}
+
+/// Records that came as JSON or as a raw body, each with its size: as one record batch,
+/// encoded once here, when `as_batches`.
+fn parsed(records: Vec<NewRecord>, as_batches: bool) -> (Records, Vec<u64>) {
+    let sizes = records.iter().map(record_size).collect();
+    let records = if as_batches {
+        Records::Batches(state::encode_records(&records).into())
+    } else {
+        Records::Parsed(records)
+    };
+    (records, sizes)
 }
 
 /// The query of a raw publish (`Content-Type: application/octet-stream`), as [`publish`] reads
@@ -271,8 +272,11 @@ pub async fn publish(
         .and_then(|v| v.to_str().ok())
         .unwrap_or("application/json")
         .to_ascii_lowercase();
+    // Records go into the log as record batches, unparsed, once every member applies them;
+    // until then (a rolling upgrade), as records.
+    let as_batches = node.publish_batches_accepted();
     let mut producer = None;
-    let records = if content_type.starts_with("application/octet-stream") {
+    let (records, sizes) = if content_type.starts_with("application/octet-stream") {
         let mut key = None;
         for (k, v) in query_pairs(&raw) {
             match k.as_str() {
@@ -285,11 +289,14 @@ pub async fn publish(
             }
         }
         check_key("the raw record", key.as_deref())?;
-        vec![NewRecord {
-            key,
-            headers: vec![],
-            value: body.to_vec(),
-        }]
+        parsed(
+            vec![NewRecord {
+                key,
+                headers: vec![],
+                value: body.to_vec(),
+            }],
+            as_batches,
+        )
     } else if content_type.starts_with("application/json") {
         let req: PublishRequest = parse_json(&body)?;
         producer = producer_seq(req.producer_id, req.sequence)?;
@@ -299,11 +306,13 @@ pub async fn publish(
                 req.records.len()
             )));
         }
-        req.records
+        let records = req
+            .records
             .into_iter()
             .enumerate()
             .map(|(i, r)| convert(&format!("record {i}"), r))
-            .collect::<Result<Vec<_>, _>>()?
+            .collect::<Result<Vec<_>, _>>()?;
+        parsed(records, as_batches)
     } else if content_type.starts_with(RECORD_BATCH_CONTENT_TYPE) {
         let (mut producer_id, mut sequence) = (None, None);
         for (k, v) in query_pairs(&raw) {
@@ -318,7 +327,14 @@ pub async fn publish(
             }
         }
         producer = producer_seq(producer_id, sequence)?;
-        convert_batches(&body)?
+        let checked = check_batches(&body)?;
+        let sizes = checked.iter().map(BatchRecord::size).collect();
+        let records = if as_batches {
+            Records::Batches(body.clone())
+        } else {
+            Records::Parsed(owned(&checked))
+        };
+        (records, sizes)
     } else {
         return Err(ApiError::invalid(format!(
             "unsupported Content-Type {content_type:?}: use application/json, \
@@ -334,26 +350,24 @@ pub async fn publish(
                 m.settings.effective_max_record_bytes()
             })
     });
-    if let Some((i, r)) = records
-        .iter()
-        .enumerate()
-        .find(|(_, r)| record_size(r) > limit)
-    {
+    if let Some((i, size)) = sizes.iter().enumerate().find(|(_, s)| **s > limit) {
         return Err(ApiError::too_large(format!(
-            "record {i} is {} bytes; topic {topic:?} accepts at most {limit}",
-            record_size(r)
+            "record {i} is {size} bytes; topic {topic:?} accepts at most {limit}"
         )));
     }
-    let (outcome, cp) = super::propose(
-        &node,
-        &uri,
-        Command::Publish(Publish {
+    let command = match records {
+        Records::Batches(batches) => Command::PublishBatch(PublishBatch {
+            topic,
+            batches,
+            producer,
+        }),
+        Records::Parsed(records) => Command::Publish(Publish {
             topic,
             records,
             producer,
         }),
-    )
-    .await?;
+    };
+    let (outcome, cp) = super::propose(&node, &uri, command).await?;
     match outcome {
         Outcome::Published {
             first_offset,
@@ -461,26 +475,13 @@ pub(crate) fn read_params(raw: &Option<String>) -> Result<ReadParams, ApiError> 
     Ok(p)
 }
 
-/// A stored value as the API shows it: `value` when it is UTF-8, `value_b64` otherwise.
-pub fn api_value(value: Vec<u8>) -> (Option<String>, Option<String>) {
-    match String::from_utf8(value) {
-        Ok(text) => (Some(text), None),
-        Err(e) => (
-            None,
-            Some(base64::engine::general_purpose::STANDARD.encode(e.as_bytes())),
-        ),
-    }
-}
-
 fn to_api(offset: u64, r: StoredRecord) -> Record {
-    let (value, value_b64) = api_value(r.value);
     Record {
         offset,
         timestamp_ms: r.timestamp_ms,
         key: r.key,
         headers: r.headers.into_iter().collect(),
-        value,
-        value_b64,
+        value: r.value.into(),
     }
 }
 
@@ -567,8 +568,12 @@ async fn subscription_start(
     tag = "records",
     params(TopicName, ReadQuery),
     responses(
-        (status = 200, description = "Records (none when the wait ended first)",
-            body = ReadResponse),
+        (status = 200, description = "Records (none when the wait ended first); in their \
+            binary form when `Accept` names `application/vnd.raftq.records`",
+            content(
+                (ReadResponse = "application/json"),
+                (inline(super::RecordsBody) = "application/vnd.raftq.records"),
+            )),
         NotLeader,
         InvalidArgument, Unauthorized, Forbidden, SubscriptionNotFound, Overloaded, Internal,
         Unavailable, Indeterminate,
@@ -580,8 +585,10 @@ pub async fn read(
     State(limits): State<Arc<Limits>>,
     TopicName(topic): TopicName,
     RawQuery(raw): RawQuery,
+    headers: HeaderMap,
     uri: Uri,
-) -> Result<Json<ReadResponse>, ApiError> {
+) -> Result<RecordsAnswer<ReadResponse>, ApiError> {
+    let answer = |r| RecordsAnswer::new(&headers, r, records_form::encode_read);
     let p = read_params(&raw)?;
     if !exists(&node, &topic, p.subscription.as_deref()) {
         catch_up(&node).await;
@@ -622,12 +629,12 @@ pub async fn read(
                 .map_err(|e| ApiError::internal(format!("reading records: {e}")))?;
             let next_offset = rows.last().map_or(from, |(o, _)| o + 1);
             let records = rows.into_iter().map(|(o, r)| to_api(o, r)).collect();
-            return Ok(Json(ReadResponse {
+            return answer(ReadResponse {
                 records,
                 next_offset,
                 high_watermark: hw,
                 skipped,
-            }));
+            });
         }
         let empty = ReadResponse {
             records: vec![],
@@ -636,15 +643,15 @@ pub async fn read(
             skipped,
         };
         if *shutdown.borrow() || tokio::time::Instant::now() >= deadline {
-            return Ok(Json(empty));
+            return answer(empty);
         }
         if waiting.is_none() {
             waiting = Some(limits.long_poll()?);
         }
         tokio::select! {
-            _ = tokio::time::sleep_until(deadline) => return Ok(Json(empty)),
-            _ = shutdown.changed() => return Ok(Json(empty)),
-            changed = applied.changed() => if changed.is_err() { return Ok(Json(empty)) },
+            _ = tokio::time::sleep_until(deadline) => return answer(empty),
+            _ = shutdown.changed() => return answer(empty),
+            changed = applied.changed() => if changed.is_err() { return answer(empty) },
         }
     }
 }

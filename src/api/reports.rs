@@ -193,16 +193,11 @@ pub async fn broadcast(
         access.require_all(Action::Publish)?;
     }
     // A marker without a value carries an empty one: its point is in the headers.
-    let value_given = req.value.is_some() || req.value_b64.is_some();
+    let value = super::records::json_value("the marker", req.value, req.value_b64)?;
     let record = super::records::convert(
         "the marker",
         RecordIn {
-            value: if value_given {
-                req.value
-            } else {
-                Some(String::new())
-            },
-            value_b64: req.value_b64,
+            value: value.into(),
             key: req.key,
             headers: req.headers,
         },

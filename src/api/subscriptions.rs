@@ -7,10 +7,11 @@ use std::time::Duration;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
-use axum::http::{StatusCode, Uri};
+use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use axum::Json;
+use raftq_client::api::records_form;
 use raftq_client::api::{
     AckRequest, CursorRequest, CursorResponse, ErrorCode, ExtendRequest, Message, NackRequest,
     PullRequest, PullResponse, ReceiptResult, ReceiptResults, ReceiptStatus, SubscriptionConfig,
@@ -21,8 +22,7 @@ use raftq_client::api::{
 use super::error::ApiError;
 use super::limits::Limits;
 use super::openapi::responses::*;
-use super::records::api_value;
-use super::{check_name, parse_json, Access, TopicName};
+use super::{check_name, parse_json, Access, RecordsAnswer, TopicName};
 use crate::node::AppState;
 use crate::state::{
     Command, CreateSub, Delivery, Outcome, Pull, Receipt, ReceiptAction, ReceiptOutcome, SetCursor,
@@ -291,7 +291,12 @@ pub async fn delete(
         description = "Every field is optional, and so is the body"),
     responses(
         (status = 200, description = "Leased records, lowest offsets first (none when the \
-            wait ended first)", body = PullResponse),
+            wait ended first); in their binary form when `Accept` names \
+            `application/vnd.raftq.records`",
+            content(
+                (PullResponse = "application/json"),
+                (inline(super::RecordsBody) = "application/vnd.raftq.records"),
+            )),
         NotLeader, InvalidArgument, Unauthorized, Forbidden, SubscriptionNotFound, PayloadTooLarge,
         Overloaded, Internal, Unavailable, Indeterminate,
     ),
@@ -301,9 +306,15 @@ pub async fn pull(
     State(node): State<AppState>,
     State(limits): State<Arc<Limits>>,
     SubPath(sub): SubPath,
+    headers: HeaderMap,
     uri: Uri,
     body: Result<Bytes, BytesRejection>,
-) -> Result<Json<PullResponse>, ApiError> {
+) -> Result<RecordsAnswer<PullResponse>, ApiError> {
+    let answer = |messages| {
+        RecordsAnswer::new(&headers, PullResponse { messages }, |r: &PullResponse| {
+            records_form::encode_pull(&r.messages)
+        })
+    };
     let req: PullRequest = parse_optional(&body?)?;
     let max = req.max.unwrap_or(DEFAULT_PULL);
     if max == 0 || max > MAX_PULL {
@@ -360,22 +371,20 @@ pub async fn pull(
                 other => return Err(ApiError::internal(format!("unexpected outcome {other:?}"))),
             };
             if !deliveries.is_empty() || out_of_time {
-                return Ok(Json(PullResponse {
-                    messages: messages(&node, &sub, deliveries)?,
-                }));
+                return answer(messages(&node, &sub, deliveries)?);
             }
         }
         if *shutdown.borrow() {
-            return Ok(Json(PullResponse { messages: vec![] }));
+            return answer(vec![]);
         }
         if waiting.is_none() {
             waiting = Some(limits.long_poll()?);
         }
         tokio::select! {
             _ = tokio::time::sleep_until(deadline) => {}
-            _ = shutdown.changed() => return Ok(Json(PullResponse { messages: vec![] })),
+            _ = shutdown.changed() => return answer(vec![]),
             changed = applied.changed() => if changed.is_err() {
-                return Ok(Json(PullResponse { messages: vec![] }));
+                return answer(vec![]);
             },
         }
     }
@@ -417,7 +426,6 @@ fn messages(
             let Some((_, record)) = rows.next_if(|(o, _)| *o == offset) else {
                 continue;
             };
-            let (value, value_b64) = api_value(record.value);
             out.push(Message {
                 receipt: d.receipt.to_string(),
                 offset,
@@ -426,8 +434,7 @@ fn messages(
                 timestamp_ms: record.timestamp_ms,
                 key: record.key,
                 headers: record.headers.into_iter().collect(),
-                value,
-                value_b64,
+                value: record.value.into(),
             });
         }
     }

@@ -21,7 +21,7 @@ mod membership;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use openraft::async_runtime::watch::WatchReceiver as _;
@@ -57,6 +57,24 @@ pub struct Node {
     /// Set while this leader hands leadership to another voter: writes are refused (a
     /// definite 503) and heartbeats paused, so the followers' lease on it can lapse.
     transferring: AtomicBool,
+    /// The command format each other node last said it applies (`/raft/status`), and whether
+    /// every member applies batch publishes ([`Node::publish_batches_accepted`]).
+    formats: Mutex<BTreeMap<NodeId, u32>>,
+    batches_accepted: AtomicBool,
+}
+
+/// Whether every member of `members` but `me` has said (in `formats`) that it applies
+/// commands of format 2 (batch publishes; `state::COMMAND_FORMAT`). A member not heard from
+/// yet has not.
+pub fn all_apply_batches(
+    me: NodeId,
+    members: impl IntoIterator<Item = NodeId>,
+    formats: &BTreeMap<NodeId, u32>,
+) -> bool {
+    members
+        .into_iter()
+        .filter(|id| *id != me)
+        .all(|id| formats.get(&id).is_some_and(|f| *f >= 2))
 }
 
 pub type AppState = Arc<Node>;
@@ -159,6 +177,46 @@ impl Node {
             writes_in_flight: AtomicUsize::new(0),
             stopping_raft: AtomicBool::new(false),
             transferring: AtomicBool::new(false),
+            formats: Mutex::new(BTreeMap::new()),
+            batches_accepted: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether a publish may go into the log as a batch publish: every member has said it
+    /// applies them. Until then (a rolling upgrade, or the first second after a start, before
+    /// the peers were asked), publishes go as records, which every release applies.
+    pub fn publish_batches_accepted(&self) -> bool {
+        self.batches_accepted.load(Ordering::Relaxed)
+    }
+
+    /// Records the command format node `id` said it applies (`None`: it said none, as a
+    /// release before batch publishes does).
+    pub fn record_command_format(&self, id: NodeId, format: Option<u32>) {
+        let mut formats = self.formats.lock().unwrap_or_else(|p| p.into_inner());
+        match format {
+            Some(f) => formats.insert(id, f),
+            None => formats.remove(&id),
+        };
+    }
+
+    /// Decides again, from the formats recorded, whether every current member applies batch
+    /// publishes; logs the change when there is one.
+    pub fn update_batches_accepted(&self) {
+        let formats = self.formats.lock().unwrap_or_else(|p| p.into_inner());
+        let members = self.status().members.into_keys();
+        let accepted = all_apply_batches(self.id, members, &formats);
+        if self.batches_accepted.swap(accepted, Ordering::Relaxed) != accepted {
+            if accepted {
+                tracing::info!(
+                    "every member applies batch publishes: records now go into the log as \
+                     the record batches clients send"
+                );
+            } else {
+                tracing::info!(
+                    "a member does not apply batch publishes (or was not heard from yet): \
+                     records go into the log one by one until it does"
+                );
+            }
         }
     }
 
@@ -422,3 +480,6 @@ impl Node {
         self.stopping_raft.load(Ordering::SeqCst)
     }
 }
+
+#[cfg(test)]
+mod tests;

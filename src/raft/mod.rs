@@ -227,6 +227,11 @@ mod tests {
         "0101016b01016801760568656c6c6f0001070228",
     );
     const HEX_APPEND_ANSWERS: [&str; 4] = ["0000", "00010107022a", "0002", "0003080300"];
+    const HEX_APPEND_BATCH: &str = concat!(
+        "070201010702290107022a0100fd7b2034d39a010000010a066f72646572734e00000000000000000000",
+        "0042ffffffff025c4e63f9000000000000ffffffffffffffffffffffffffffffffffffffffffffffffff",
+        "ffffffffff0000000120000000026b0a68656c6c6f02026802760001070228",
+    );
     const HEX_VOTE: &str = "0803000107022a00";
     const HEX_VOTE_ANSWER: &str = "00080300010107022a";
     const HEX_SNAPSHOT_HEADER: &str = concat!(
@@ -295,6 +300,32 @@ mod tests {
             leader_commit: Some(log_id(40)),
         };
         same_wire(HEX_APPEND, &append);
+        // A batch publish: its records one length and the batch's bytes, as received.
+        let batch = crate::state::encode_records(&[NewRecord {
+            key: Some("k".into()),
+            headers: vec![("h".into(), "v".into())],
+            value: b"hello".to_vec(),
+        }]);
+        let append_batch = AppendEntriesRequest::<TypeConfig> {
+            entries: vec![Entry {
+                log_id: log_id(42),
+                payload: EntryPayload::Normal(LogPayload::V1(Batch {
+                    timestamp_ms: 1_764_480_000_123,
+                    commands: vec![Command::PublishBatch(crate::state::PublishBatch {
+                        topic: "orders".into(),
+                        batches: batch.clone().into(),
+                        producer: None,
+                    })],
+                })),
+            }],
+            ..append.clone()
+        };
+        same_wire(HEX_APPEND_BATCH, &append_batch);
+        let encoded = codec::encode(&append_batch).expect("encode");
+        assert!(
+            encoded.windows(batch.len()).any(|w| w == batch),
+            "the batch's bytes are in the request as they are"
+        );
         // Answers go back as the Raft call's result.
         type Answer = Result<AppendEntriesResponse<TypeConfig>, RaftError<TypeConfig>>;
         let answers: Vec<Answer> = vec![

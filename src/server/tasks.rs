@@ -145,7 +145,8 @@ impl Tasks {
     }
 
     /// Reads every other member's wall clock once a second (through `/raft/status`), for the
-    /// entry clock's reference, and watches this node's own wall clock for jumps: each is
+    /// entry clock's reference, and the command format it applies (so that this node proposes
+    /// batch publishes only once every member applies them), and watches this node's own wall clock for jumps: each is
     /// logged and counted in `raftq_clock_jumps_total`; `raftq_clock_offset_ms` is how far this
     /// node's wall clock is from the cluster's.
     pub async fn sample_clocks(self) {
@@ -162,6 +163,7 @@ impl Tasks {
                 .filter(|(id, _)| *id != node.id())
                 .map(|(id, url)| self.read_clock(*id, url));
             futures::future::join_all(reads).await;
+            node.update_batches_accepted();
             if let Some(jump_ms) = jumps.check() {
                 jumps_total.increment(1);
                 tracing::warn!(
@@ -188,6 +190,10 @@ impl Tasks {
         if let Some(wall_us) = v["wall_us"].as_u64() {
             self.clock.record_reading(id, wall_us, sent, Instant::now());
         }
+        let format = v["command_format"]
+            .as_u64()
+            .and_then(|f| u32::try_from(f).ok());
+        self.node.record_command_format(id, format);
     }
 
     /// Logs, at info, every change of leader or term and of the members as this node sees

@@ -38,6 +38,7 @@ const KINDS: &[&str] = &[
     "log:Broadcast",
     "log:DeleteSubscription",
     "log:DeleteTopic",
+    "log:PublishBatch",
     "raft:vote",
     "raft:committed",
     "raft:last_purged",
@@ -215,6 +216,7 @@ fn command_name(c: &Command) -> &'static str {
         Command::SettleReceipts(_) => "SettleReceipts",
         Command::SetCursor(_) => "SetCursor",
         Command::Broadcast(_) => "Broadcast",
+        Command::PublishBatch(_) => "PublishBatch",
     }
 }
 

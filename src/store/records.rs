@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use super::keys;
 use crate::codec;
 use crate::raft::Entry;
-use crate::state::{Command, LogPayload, RecordAt, StoredRecord};
+use crate::state::{self, LogPayload, RecordAt, StoredRecord};
 
 /// Format byte of a record stored whole.
 pub(crate) const RECORD_FORMAT: u8 = 1;
@@ -116,14 +116,8 @@ pub(crate) fn points_into(bytes: &[u8]) -> Result<Option<u64>, String> {
 }
 
 /// The record at `at` in `entry`, with `timestamp_ms`.
-fn record_in(entry: &Entry, value: &AtValue) -> Result<StoredRecord, String> {
+pub(crate) fn record_in(entry: &Entry, value: &AtValue) -> Result<StoredRecord, String> {
     let AtValue { timestamp_ms, at } = *value;
-    let missing = || {
-        format!(
-            "log entry {} holds no record {} in command {}",
-            at.index, at.record, at.command
-        )
-    };
     if entry.log_id.index != at.index {
         return Err(format!(
             "log entry {} was read for a record of entry {}",
@@ -131,21 +125,12 @@ fn record_in(entry: &Entry, value: &AtValue) -> Result<StoredRecord, String> {
         ));
     }
     let EntryPayload::Normal(LogPayload::V1(batch)) = &entry.payload else {
-        return Err(missing());
+        return Err(format!(
+            "log entry {} holds no record {} in command {}",
+            at.index, at.record, at.command
+        ));
     };
-    let Some(Command::Publish(publish)) = batch.commands.get(at.command as usize) else {
-        return Err(missing());
-    };
-    let r = publish
-        .records
-        .get(at.record as usize)
-        .ok_or_else(missing)?;
-    Ok(StoredRecord {
-        timestamp_ms,
-        key: r.key.clone(),
-        headers: r.headers.clone(),
-        value: r.value.clone(),
-    })
+    state::record_at(batch, at, timestamp_ms)
 }
 
 /// Turns stored values into records. Records read in a row mostly lie in one entry: the last
@@ -171,11 +156,12 @@ impl<'a> Reader<'a> {
     pub fn record(&self, bytes: &[u8]) -> Result<StoredRecord, String> {
         match decode(bytes)? {
             Stored::Whole(r) => Ok(r),
-            Stored::At(value) => self.resolve(&value),
+            Stored::At(value) => self.at(&value),
         }
     }
 
-    fn resolve(&self, value: &AtValue) -> Result<StoredRecord, String> {
+    /// The record `value` points at.
+    pub(crate) fn at(&self, value: &AtValue) -> Result<StoredRecord, String> {
         let index = value.at.index;
         self.lowest
             .set(Some(self.lowest.get().map_or(index, |l| l.min(index))));

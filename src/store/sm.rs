@@ -24,8 +24,8 @@ use crate::raft::{
     TypeConfig,
 };
 use crate::state::{
-    apply_entry, ApplyResponse, CommitPoint, LogPayload, ProducerState, ReadFault, RecordSource,
-    SmState, StoredRecord, TopicMeta, Write,
+    apply_entry, Appended, ApplyResponse, CommitPoint, LogPayload, ProducerState, ReadFault,
+    RecordAt, RecordSource, SmState, StoredRecord, TopicMeta, Write,
 };
 
 /// The applied state as readers see it.
@@ -75,10 +75,13 @@ pub(super) enum SmMeta {
     },
 }
 
-/// Reads stored records for apply, from RocksDB and the log.
+/// Reads stored records for apply, from RocksDB and the log; and the records of the entries
+/// being applied, which are not stored yet, from those entries.
 struct DbRecords<'a> {
     db: &'a DB,
     reader: records::Reader<'a>,
+    /// The entries of the apply call, in index order.
+    entries: &'a [Entry],
 }
 
 impl RecordSource for DbRecords<'_> {
@@ -96,6 +99,19 @@ impl RecordSource for DbRecords<'_> {
             Ok(None) => Ok(None),
             Ok(Some(bytes)) => self.reader.record(&bytes).map(Some).map_err(fault),
             Err(e) => Err(fault(format!("RocksDB: {e}"))),
+        }
+    }
+
+    fn logged(&self, at: RecordAt, timestamp_ms: u64) -> Result<StoredRecord, String> {
+        let value = records::AtValue { timestamp_ms, at };
+        let first = self.entries.first().map_or(0, |e| e.log_id.index);
+        let in_hand = at
+            .index
+            .checked_sub(first)
+            .and_then(|i| self.entries.get(usize::try_from(i).ok()?));
+        match in_hand {
+            Some(entry) => records::record_in(entry, &value),
+            None => self.reader.at(&value),
         }
     }
 }
@@ -258,6 +274,11 @@ impl SmShared {
         let mut writes = Vec::new();
         let mut responses = Vec::with_capacity(entries.len());
         let mut membership_changed = false;
+        let source = DbRecords {
+            db: &self.db,
+            reader: records::Reader::new(self.entry_source()),
+            entries: &entries,
+        };
         for entry in &entries {
             let index = entry.log_id.index;
             view.last_applied = Some(entry.log_id);
@@ -273,21 +294,13 @@ impl SmShared {
                     let bytes: usize = batch.commands.iter().map(|c| c.approx_bytes()).sum();
                     self.applied_bytes
                         .fetch_add(bytes as u64, Ordering::Relaxed);
-                    apply_entry(
-                        &mut view.state,
-                        &DbRecords {
-                            db: &self.db,
-                            reader: records::Reader::new(self.entry_source()),
+                    apply_entry(&mut view.state, &source, index, batch, &mut writes).map_err(
+                        |fault| {
+                            to_io(format!(
+                                "applying entry {index}: {fault}; the store cannot be trusted"
+                            ))
                         },
-                        index,
-                        batch,
-                        &mut writes,
-                    )
-                    .map_err(|fault| {
-                        to_io(format!(
-                            "applying entry {index}: {fault}; the store cannot be trusted"
-                        ))
-                    })?
+                    )?
                 }
                 EntryPayload::Membership(m) => {
                     let before: Vec<u64> = view
@@ -360,15 +373,16 @@ impl SmShared {
                     topic_id,
                     offset,
                     record,
-                    at,
                 } => {
                     // The log holds a published record's bytes: keep where, if it can be read.
-                    let value = match at.filter(|_| self.log.get().is_some()) {
-                        Some(at) => records::encode_at(&records::AtValue {
-                            timestamp_ms: record.timestamp_ms,
-                            at,
-                        }),
-                        None => records::encode_record(&record),
+                    let value = match record {
+                        Appended::Logged { timestamp_ms, at } if self.log.get().is_some() => {
+                            records::encode_at(&records::AtValue { timestamp_ms, at })
+                        }
+                        Appended::Logged { timestamp_ms, at } => {
+                            records::encode_record(&source.logged(at, timestamp_ms).map_err(to_io)?)
+                        }
+                        Appended::Whole(record) => records::encode_record(&record),
                     };
                     batch.put_cf(cf, keys::record(topic_id, offset), value.map_err(enc)?);
                 }

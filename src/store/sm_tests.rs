@@ -803,6 +803,118 @@ fn published_records_are_stored_as_their_place_in_the_log() {
     assert!(err.contains("log entry 3"), "{err}");
 }
 
+/// The same records published as record batches and as `NewRecord`s, applied to a node that
+/// keeps records where the log holds them and to one without a log (which stores them whole,
+/// read from the entries it is applying): every record, the digest and the snapshot read the
+/// same on all three, and nothing of a batch publish is stored but where it lies. One apply
+/// call of several entries in which retention reads, for its sizes, records an earlier entry
+/// of the same call published.
+#[test]
+fn batch_publishes_read_as_the_same_records_wherever_they_are_kept() {
+    let records = |from: u32, n: u32| -> Vec<NewRecord> {
+        (from..from + n)
+            .map(|i| NewRecord {
+                key: (i % 2 == 0).then(|| format!("k{i}")),
+                headers: vec![("h".into(), format!("{i}"))],
+                value: if i % 3 == 0 {
+                    vec![0xff, i as u8]
+                } else {
+                    format!("value {i}").into_bytes()
+                },
+            })
+            .collect()
+    };
+    let batch = |from, n| {
+        Command::PublishBatch(crate::state::PublishBatch {
+            topic: "t".into(),
+            batches: crate::state::encode_records(&records(from, n)).into(),
+            producer: None,
+        })
+    };
+    let plain = |from, n| {
+        Command::Publish(Publish {
+            topic: "t".into(),
+            records: records(from, n),
+            producer: None,
+        })
+    };
+    // At most 60 bytes: the publishes of entries 3 and 4 push records of entry 2 out.
+    let create = Command::CreateTopic(CreateTopic {
+        name: "t".into(),
+        settings: TopicSettings {
+            max_bytes: Some(60),
+            ..Default::default()
+        },
+    });
+    let entries = |publish: &dyn Fn(u32, u32) -> Command| {
+        vec![
+            entry(1, vec![create.clone()]),
+            entry(2, vec![publish(0, 4), create_sub_s()]),
+            entry(3, vec![publish(4, 2), publish(6, 3)]),
+            entry(4, vec![publish(9, 1)]),
+        ]
+    };
+    let (batched_entries, plain_entries) = (entries(&batch), entries(&plain));
+    let node = |entries: &[Entry], logged: bool| {
+        let (dir, db, shared) = fresh_node();
+        let log = Arc::new(MemLog::default());
+        if logged {
+            shared.attach_log(log.clone());
+            for e in entries {
+                log.entries
+                    .lock()
+                    .expect("lock")
+                    .insert(e.log_id.index, e.clone());
+            }
+        }
+        shared.apply_blocking(entries.to_vec()).expect("apply");
+        (dir, db, shared, log)
+    };
+    let (_d1, db, batched, log) = node(&batched_entries, true);
+    let (_d2, _, plain, _) = node(&plain_entries, true);
+    let (_d3, _, whole, _) = node(&batched_entries, false);
+
+    let topic = batched.view().state.topics["t"].clone();
+    assert!(
+        topic.first_offset > 0,
+        "retention removed the first records"
+    );
+    let cf = db.cf_handle(CF_SM).expect("sm cf");
+    for offset in topic.first_offset..topic.next_offset {
+        let value = db
+            .get_cf(cf, keys::record(topic.id, offset))
+            .expect("get")
+            .expect("stored");
+        assert_eq!(value[0], records::RECORD_AT_FORMAT, "offset {offset}");
+    }
+    let read = |sm: &SmShared| {
+        sm.read_records(&topic, topic.first_offset..topic.next_offset, 100, 1 << 20)
+            .expect("read")
+    };
+    let got = read(&batched);
+    assert_eq!(got.len() as u64, topic.next_offset - topic.first_offset);
+    assert_eq!(got, read(&plain));
+    assert_eq!(got, read(&whole));
+    assert_eq!(got.last().expect("a record").1.value, [0xff, 9]);
+    assert_eq!(
+        batched.digest().expect("digest"),
+        plain.digest().expect("digest")
+    );
+    assert_eq!(
+        batched.digest().expect("digest"),
+        whole.digest().expect("digest")
+    );
+    let (_, batched_snapshot) = batched.build_blocking().expect("build");
+    let (_, whole_snapshot) = whole.build_blocking().expect("build");
+    assert!(whole_pairs(&batched_snapshot) == snapshot_pairs(&whole_snapshot));
+    let first_entry = match topic.first_offset {
+        0..4 => 2,
+        4..9 => 3,
+        _ => 4,
+    };
+    assert_eq!(log.keep_from.load(Ordering::SeqCst), first_entry);
+}
+
 /// A snapshot brings records in whole: once one is installed, the log may let go of every
 /// entry up to it.
 #[test]

@@ -25,8 +25,9 @@ use serde::{Deserialize, Serialize};
 
 pub use producers::{ProducerSeq, ProducerState, Producers};
 pub use publish::{
-    record_size, stored_size, Broadcast, NewRecord, Publish, RecordAt, StoredRecord,
-    HEADER_COMMIT_INDEX, HEADER_COMMIT_TIMESTAMP_MS,
+    batch_record, batch_records, encode_records, record_at, record_size, stored_size, Appended,
+    BatchRecord, Broadcast, NewRecord, Publish, PublishBatch, RecordAt, StoredRecord,
+    COMMAND_FORMAT, HEADER_COMMIT_INDEX, HEADER_COMMIT_TIMESTAMP_MS,
 };
 pub use subscriptions::{
     CreateSub, Delivery, Pull, Receipt, ReceiptAction, ReceiptOutcome, SetCursor, SettleReceipts,
@@ -85,6 +86,8 @@ pub enum Command {
     SetCursor(SetCursor),
     /// One marker record appended to many topics.
     Broadcast(Broadcast),
+    /// A publish whose records are Kafka record batches, as the client sent them.
+    PublishBatch(PublishBatch),
 }
 
 impl Command {
@@ -93,6 +96,7 @@ impl Command {
         match self {
             Command::Publish(p) => p.records.iter().map(|r| record_size(r) as usize + 16).sum(),
             Command::Broadcast(b) => record_size(&b.record) as usize + 64,
+            Command::PublishBatch(p) => p.batches.len() + 64,
             _ => 64,
         }
     }
@@ -243,6 +247,12 @@ impl SmState {
 /// differently from the others), it stops instead.
 pub trait RecordSource {
     fn stored(&self, topic_id: u64, offset: u64) -> Result<Option<StoredRecord>, ReadFault>;
+
+    /// A record that this apply appended from an earlier entry ([`Appended::Logged`]) and that
+    /// is not stored yet: the record at `at`, stamped `timestamp_ms`, read from its entry
+    /// (records of the entry being applied are read from it, not from here). An error when
+    /// the entry cannot be read.
+    fn logged(&self, at: RecordAt, timestamp_ms: u64) -> Result<StoredRecord, String>;
 }
 
 /// A record apply needed could not be read from storage, or is missing although the topic's
@@ -276,7 +286,16 @@ pub(crate) fn existing_record(
     offset: u64,
 ) -> Result<StoredRecord, ReadFault> {
     match pending_record(pending, topic_id, offset) {
-        Some(record) => Ok(record),
+        Some(Appended::Whole(record)) => Ok(record.clone()),
+        Some(Appended::Logged { timestamp_ms, at }) => {
+            source
+                .logged(*at, *timestamp_ms)
+                .map_err(|reason| ReadFault {
+                    topic_id,
+                    offset,
+                    reason,
+                })
+        }
         None => source
             .stored(topic_id, offset)?
             .ok_or_else(|| ReadFault::missing(topic_id, offset)),
@@ -284,16 +303,36 @@ pub(crate) fn existing_record(
 }
 
 /// Finds a record among not-yet-stored writes, newest first.
-fn pending_record(pending: &[Write], topic_id: u64, offset: u64) -> Option<StoredRecord> {
+fn pending_record(pending: &[Write], topic_id: u64, offset: u64) -> Option<&Appended> {
     pending.iter().rev().find_map(|w| match w {
         Write::PutRecord {
             topic_id: t,
             offset: o,
             record,
-            ..
-        } if *t == topic_id && *o == offset => Some(record.clone()),
+        } if *t == topic_id && *o == offset => Some(record),
         _ => None,
     })
+}
+
+/// The records of the entry being applied, read from it; any other through the source.
+struct InEntry<'a> {
+    source: &'a dyn RecordSource,
+    index: u64,
+    batch: &'a Batch,
+}
+
+impl RecordSource for InEntry<'_> {
+    fn stored(&self, topic_id: u64, offset: u64) -> Result<Option<StoredRecord>, ReadFault> {
+        self.source.stored(topic_id, offset)
+    }
+
+    fn logged(&self, at: RecordAt, timestamp_ms: u64) -> Result<StoredRecord, String> {
+        if at.index == self.index {
+            record_at(self.batch, at, timestamp_ms)
+        } else {
+            self.source.logged(at, timestamp_ms)
+        }
+    }
 }
 
 /// A source with nothing stored: records come only from the writes of the apply in progress.
@@ -304,6 +343,10 @@ impl RecordSource for NothingStored {
     fn stored(&self, _topic_id: u64, _offset: u64) -> Result<Option<StoredRecord>, ReadFault> {
         Ok(None)
     }
+
+    fn logged(&self, at: RecordAt, _timestamp_ms: u64) -> Result<StoredRecord, String> {
+        Err(format!("no log holds entry {}", at.index))
+    }
 }
 
 /// A change to durable state, emitted by apply and executed by the storage layer.
@@ -313,14 +356,12 @@ pub enum Write {
     PutTopic(String),
     /// Remove a topic and every record it had.
     DeleteTopic { name: String, id: u64 },
-    /// Store one record. `at`: where the Raft log holds it, when it is a published record
-    /// unchanged; the store may keep that instead of the bytes (a marker or a dead-lettered
-    /// copy, built in apply, has none).
+    /// Store one record: whole, or, for a published record, as where the Raft log holds it
+    /// (the store may keep that instead of the bytes).
     PutRecord {
         topic_id: u64,
         offset: u64,
-        record: StoredRecord,
-        at: Option<RecordAt>,
+        record: Appended,
     },
     /// Persist the current state of this subscription.
     PutSub(u64),
@@ -346,6 +387,11 @@ pub fn apply_entry(
     writes: &mut Vec<Write>,
 ) -> Result<ApplyResponse, ReadFault> {
     state.clock_ms = state.clock_ms.max(batch.timestamp_ms);
+    let source = &InEntry {
+        source,
+        index,
+        batch,
+    };
     subscriptions::expire_due(state, source, writes)?;
     state.expire_producers(writes);
     let results = batch
@@ -388,11 +434,14 @@ fn apply_command(
         }
         Command::SetCursor(c) => subscriptions::set_cursor(state, c, writes),
         Command::Broadcast(c) => publish::broadcast(state, at.0, c, writes),
+        Command::PublishBatch(c) => publish::publish_batch(state, at, c, writes),
     })
 }
 
 #[cfg(test)]
 mod producers_tests;
+#[cfg(test)]
+mod publish_tests;
 #[cfg(test)]
 mod subscriptions_tests;
 #[cfg(test)]

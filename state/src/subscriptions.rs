@@ -303,7 +303,7 @@ fn dead_letter(
                 value: original.value,
             };
             let size = super::stored_size(&record);
-            super::publish::append(meta, record, None, size, writes);
+            super::publish::append(meta, super::Appended::Whole(record), size, writes);
             writes.push(Write::PutTopic(dlq));
             true
         }

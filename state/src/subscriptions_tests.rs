@@ -16,6 +16,11 @@ impl RecordSource for Records {
     fn stored(&self, topic_id: u64, offset: u64) -> Result<Option<StoredRecord>, ReadFault> {
         Ok(self.0.get(&(topic_id, offset)).cloned())
     }
+
+    /// The harness applies one entry per call, so every record not stored yet is in it.
+    fn logged(&self, at: RecordAt, _timestamp_ms: u64) -> Result<StoredRecord, String> {
+        Err(format!("entry {} is not the one being applied", at.index))
+    }
 }
 
 /// A subscription's leases and pending redeliveries as the store holds them: one entry per
@@ -77,8 +82,13 @@ impl Harness {
                     topic_id,
                     offset,
                     record,
-                    ..
                 } => {
+                    let record = match record {
+                        Appended::Whole(r) => r,
+                        Appended::Logged { timestamp_ms, at } => {
+                            record_at(&batch, at, timestamp_ms).expect("the entry holds it")
+                        }
+                    };
                     self.records.0.insert((topic_id, offset), record);
                 }
                 Write::DeleteTopic { id, .. } => self.records.0.retain(|(t, _), _| *t != id),
@@ -841,6 +851,10 @@ struct Unreadable<'a> {
 }
 
 impl RecordSource for Unreadable<'_> {
+    fn logged(&self, at: RecordAt, _timestamp_ms: u64) -> Result<StoredRecord, String> {
+        Err(format!("entry {} cannot be read", at.index))
+    }
+
     fn stored(&self, topic_id: u64, offset: u64) -> Result<Option<StoredRecord>, ReadFault> {
         if self.missing {
             return Ok(None);

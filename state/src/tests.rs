@@ -6,21 +6,21 @@ use super::*;
 
 use super::NothingStored as NoRecords;
 
-fn batch(timestamp_ms: u64, commands: Vec<Command>) -> Batch {
+pub(super) fn batch(timestamp_ms: u64, commands: Vec<Command>) -> Batch {
     Batch {
         timestamp_ms,
         commands,
     }
 }
 
-fn create(name: &str) -> Command {
+pub(super) fn create(name: &str) -> Command {
     Command::CreateTopic(CreateTopic {
         name: name.into(),
         settings: TopicSettings::default(),
     })
 }
 
-fn publish(topic: &str, values: &[&str]) -> Command {
+pub(super) fn publish(topic: &str, values: &[&str]) -> Command {
     Command::Publish(Publish {
         topic: topic.into(),
         records: values
@@ -35,8 +35,51 @@ fn publish(topic: &str, values: &[&str]) -> Command {
     })
 }
 
+/// The same records as [`publish`]'s `records`, as a batch publish: one Kafka record batch.
+pub(super) fn publish_batch(topic: &str, records: &[NewRecord]) -> Command {
+    Command::PublishBatch(PublishBatch {
+        topic: topic.into(),
+        batches: encode_batch(records).into(),
+        producer: None,
+    })
+}
+
+/// `records` as one Kafka record batch, as the SDK encodes them.
+pub(super) fn encode_batch(records: &[NewRecord]) -> Vec<u8> {
+    encode_records(records)
+}
+
+/// The records `writes` put, each as the store would hold it: a logged one read from `batch`,
+/// the entry at `index` that was applied.
+pub(super) fn put_records(writes: &[Write], batch: &Batch) -> Vec<(u64, u64, StoredRecord)> {
+    writes
+        .iter()
+        .filter_map(|w| match w {
+            Write::PutRecord {
+                topic_id,
+                offset,
+                record,
+            } => Some((
+                *topic_id,
+                *offset,
+                match record {
+                    Appended::Whole(r) => r.clone(),
+                    Appended::Logged { timestamp_ms, at } => {
+                        record_at(batch, *at, *timestamp_ms).expect("the entry holds it")
+                    }
+                },
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
 /// Applies one command in its own entry and returns its result and the writes.
-fn run(state: &mut SmState, timestamp_ms: u64, cmd: Command) -> (CommandResult, Vec<Write>) {
+pub(super) fn run(
+    state: &mut SmState,
+    timestamp_ms: u64,
+    cmd: Command,
+) -> (CommandResult, Vec<Write>) {
     let mut writes = Vec::new();
     let resp = apply_entry(
         state,
@@ -156,13 +199,22 @@ fn published_records_say_where_the_log_holds_them_and_markers_do_not() {
             },
         }),
         publish("t", &["b", "c"]),
+        publish_batch("t", &[text("d"), text("e")]),
     ];
-    apply_entry(&mut state, &NoRecords, 7, &batch(20, commands), &mut writes)
-        .expect("no record read fails");
+    let entry = batch(20, commands);
+    apply_entry(&mut state, &NoRecords, 7, &entry, &mut writes).expect("no record read fails");
     let at: Vec<(u64, Option<RecordAt>)> = writes
         .iter()
         .filter_map(|w| match w {
-            Write::PutRecord { offset, at, .. } => Some((*offset, *at)),
+            Write::PutRecord {
+                offset,
+                record: Appended::Logged { at, timestamp_ms },
+                ..
+            } => {
+                assert_eq!(*timestamp_ms, 20);
+                Some((*offset, Some(*at)))
+            }
+            Write::PutRecord { offset, .. } => Some((*offset, None)),
             _ => None,
         })
         .collect();
@@ -175,8 +227,28 @@ fn published_records_say_where_the_log_holds_them_and_markers_do_not() {
     };
     assert_eq!(
         at,
-        [(0, at_(0, 0)), (1, None), (2, at_(2, 0)), (3, at_(2, 1))]
+        [
+            (0, at_(0, 0)),
+            (1, None),
+            (2, at_(2, 0)),
+            (3, at_(2, 1)),
+            (4, at_(3, 0)),
+            (5, at_(3, 1))
+        ]
     );
+    let values: Vec<Vec<u8>> = put_records(&writes, &entry)
+        .into_iter()
+        .map(|(_, _, r)| r.value)
+        .collect();
+    assert_eq!(values, [&b"a"[..], b"m", b"b", b"c", b"d", b"e"]);
+}
+
+fn text(value: &str) -> NewRecord {
+    NewRecord {
+        key: None,
+        headers: vec![],
+        value: value.as_bytes().to_vec(),
+    }
 }
 
 #[test]
@@ -192,32 +264,26 @@ fn publish_assigns_dense_offsets_and_timestamps() {
             duplicate: false,
         })
     );
-    let records: Vec<_> = writes
+    let at: Vec<_> = writes
         .iter()
         .filter_map(|w| match w {
             Write::PutRecord {
                 topic_id,
                 offset,
-                record,
-                at,
-            } => Some((*topic_id, *offset, record.clone(), *at)),
+                record: Appended::Logged { timestamp_ms, at },
+            } => Some((*topic_id, *offset, *timestamp_ms, *at)),
             _ => None,
         })
         .collect();
-    assert_eq!(records.len(), 2);
-    assert_eq!((records[0].0, records[0].1), (0, 0));
-    assert_eq!((records[1].0, records[1].1), (0, 1));
-    assert_eq!(records[1].2.value, b"bb");
-    assert_eq!(records[0].2.timestamp_ms, 50);
     // Where the log holds each: record 0 and 1 of command 0 of entry 1 (`run`'s index).
-    let at = |record| {
-        Some(RecordAt {
-            index: 1,
-            command: 0,
-            record,
-        })
+    let at_ = |record| RecordAt {
+        index: 1,
+        command: 0,
+        record,
     };
-    assert_eq!((records[0].3, records[1].3), (at(0), at(1)));
+    assert_eq!(at, [(0, 0, 50, at_(0)), (0, 1, 50, at_(1))]);
+    let entry = batch(50, vec![publish("t", &["a", "bb"])]);
+    assert_eq!(put_records(&writes, &entry)[1].2.value, b"bb");
     assert!(writes.contains(&Write::PutTopic("t".into())));
     let (r, _) = run(&mut state, 60, publish("t", &["c"]));
     assert_eq!(

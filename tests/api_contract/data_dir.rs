@@ -118,6 +118,6 @@ async fn data_directory_guards_refuse_to_start() {
     c.wait_leader(Duration::from_secs(20)).await;
     c.publish_values("dd", &["dd/1".to_string()]).await;
     let log = c.consistent_log("dd").await;
-    let got: Vec<Option<&str>> = log.iter().map(|r| r.value.as_deref()).collect();
+    let got: Vec<Option<&str>> = log.iter().map(|r| r.value_str()).collect();
     assert_eq!(got, vec![Some("dd/0"), Some("dd/1")]);
 }

@@ -151,7 +151,7 @@ async fn writes_to_a_follower_redirect_to_the_leader() {
     let log = c.consistent_log("redir").await;
     let got: Vec<(Option<&str>, Option<&str>)> = log
         .iter()
-        .map(|r| (r.value.as_deref(), r.key.as_deref()))
+        .map(|r| (r.value_str(), r.key.as_deref()))
         .collect();
     assert_eq!(
         got,
@@ -211,7 +211,7 @@ async fn leader_without_quorum_refuses_writes_and_is_not_ready() {
     c.publish_values(topic, &["l/1".to_string()]).await;
     c.wait_converged(topic).await;
     let log = c.consistent_log(topic).await;
-    let got: Vec<Option<&str>> = log.iter().map(|r| r.value.as_deref()).collect();
+    let got: Vec<Option<&str>> = log.iter().map(|r| r.value_str()).collect();
     assert_eq!(got, vec![Some("l/0"), Some("l/1")]);
 }
 
@@ -316,7 +316,10 @@ async fn without_quorum_nothing_is_acknowledged_or_visible() {
     // is acknowledged the fate of the refused publish is settled too.
     let ack = c.publish_values(topic, &["q/after".to_string()]).await;
     let log = c.consistent_log(topic).await;
-    let got: Vec<String> = log.iter().filter_map(|r| r.value.clone()).collect();
+    let got: Vec<String> = log
+        .iter()
+        .filter_map(|r| r.value_str().map(str::to_owned))
+        .collect();
     assert_eq!(
         got[..5],
         before[..],

@@ -58,9 +58,9 @@ fn values(page: &ReadResponse) -> Vec<String> {
     page.records
         .iter()
         .map(|r| {
-            r.value
-                .clone()
-                .unwrap_or_else(|| format!("<binary {:?}>", r.value_b64))
+            r.value_str()
+                .map(str::to_owned)
+                .unwrap_or_else(|| format!("<binary {:?}>", r.value))
         })
         .collect()
 }

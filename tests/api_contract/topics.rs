@@ -10,7 +10,7 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 
 use crate::common::Cluster;
-use raftq_client::api::RECORD_BATCH_CONTENT_TYPE;
+use raftq_client::api::{records_form, RECORDS_CONTENT_TYPE, RECORD_BATCH_CONTENT_TYPE};
 
 use crate::{record_batch, records_of, values, OCTET_STREAM};
 
@@ -160,19 +160,45 @@ async fn topics_publish_and_read_round_trip() {
     );
     let r = &page.records;
     assert_eq!(r.len(), 4, "{page:?}");
-    assert_eq!(r[0].value.as_deref(), Some("hello"));
+    assert_eq!(r[0].value_str(), Some("hello"));
     assert_eq!(r[0].key.as_deref(), Some("k1"));
     assert_eq!(r[0].headers.get("h").map(String::as_str), Some("v"));
-    assert_eq!(
-        (r[1].value.as_deref(), r[1].value_b64.as_deref()),
-        (None, Some("/wAB"))
-    );
-    assert_eq!(r[2].value.as_deref(), Some("raw-bytes"));
+    assert_eq!(&r[1].value[..], &[0xff, 0x00, 0x01]);
+    assert_eq!(r[2].value_str(), Some("raw-bytes"));
     assert_eq!(r[2].key.as_deref(), Some("order 17"));
+    assert_eq!(&r[3].value[..], &[0xfe, 0x00, 0x7f]);
+    // In JSON, a UTF-8 value is `value` and any other `value_b64`, never both.
+    let raw: Value = c
+        .get_json(follower, "/v1/topics/orders/records?from=first")
+        .await;
+    let fields = |i: usize| {
+        let record = &raw["records"][i];
+        (record["value"].as_str(), record["value_b64"].as_str())
+    };
+    assert_eq!(fields(0), (Some("hello"), None), "{raw}");
+    assert_eq!(fields(1), (None, Some("/wAB")), "{raw}");
+    assert_eq!(fields(3), (None, Some("/gB/")), "{raw}");
+    // The binary form of the same read holds the same records.
+    let resp = c
+        .send(
+            http.get(format!(
+                "{}/v1/topics/orders/records?from=first",
+                c.url(follower)
+            ))
+            .header(reqwest::header::ACCEPT, RECORDS_CONTENT_TYPE),
+            "read in the binary form",
+        )
+        .await;
+    assert_eq!(resp.status(), StatusCode::OK);
     assert_eq!(
-        (r[3].value.as_deref(), r[3].value_b64.as_deref()),
-        (None, Some("/gB/"))
+        resp.headers()
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok()),
+        Some(RECORDS_CONTENT_TYPE)
     );
+    let body = resp.bytes().await.expect("the body");
+    let binary = records_form::decode_read(&body).expect("the binary form decodes");
+    assert_eq!(binary, page, "the binary form reads as the JSON one");
     assert_eq!(r[3].key.as_deref(), Some("k3"));
     assert_eq!(
         r[3].headers.iter().collect::<Vec<_>>(),

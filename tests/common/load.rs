@@ -49,11 +49,11 @@ pub fn history_violations(
     let mut positions: HashMap<&str, Vec<u64>> = HashMap::new();
     let mut violations = Vec::new();
     for record in log {
-        match record.value.as_deref() {
+        match record.value_str() {
             Some(value) => positions.entry(value).or_default().push(record.offset),
             None => violations.push(format!(
                 "unexpected: offset {} holds a binary value {:?}",
-                record.offset, record.value_b64
+                record.offset, record.value
             )),
         }
     }
@@ -124,7 +124,7 @@ pub fn history_violations(
         }
     }
     for record in log {
-        if let Some(value) = record.value.as_deref() {
+        if let Some(value) = record.value_str() {
             if !attempted.contains(value) {
                 violations.push(format!(
                     "unexpected: offset {} holds {value:?}, which nobody published",

@@ -260,7 +260,7 @@ impl Consumers {
                 continue;
             }
             for m in &messages {
-                if m.value.as_deref() != Some(format!("w/{}", m.offset).as_str()) {
+                if m.value_str() != Some(format!("w/{}", m.offset).as_str()) {
                     self.odd(format!(
                         "c{consumer}: wrong payload for offset {}: {m:?}",
                         m.offset

@@ -39,7 +39,7 @@ fn check_dead_letter(
         "raftq-dead-letter-delivery-count".into(),
         deliveries.to_string(),
     );
-    let ok = dl.value.as_deref() == origin["value"].as_str()
+    let ok = dl.value_str() == origin["value"].as_str()
         && dl.key.as_deref() == origin["key"].as_str()
         && dl.headers == want;
     if !ok {

@@ -28,7 +28,7 @@ async fn pull_leases_lowest_offsets_and_acks_move_the_cursor() {
     assert_eq!(receipts.len(), 4, "receipts must be distinct: {first:?}");
     for m in &first {
         assert_eq!(
-            m.value.as_deref(),
+            m.value_str(),
             Some(published[m.offset as usize].as_str()),
             "{m:?}"
         );
@@ -187,7 +187,7 @@ async fn nack_keeps_position_delay_holds_back_and_extend() {
         second[0].receipt, first[1].receipt,
         "a new delivery has a new receipt"
     );
-    assert_eq!(second[0].value.as_deref(), Some("n/1"));
+    assert_eq!(second[0].value_str(), Some("n/1"));
     let st = sub_now(&c, "n", "s").await;
     assert_eq!((st.delivered, st.redelivered), (5, 1), "{st:?}");
     // The nacked delivery is over.
@@ -374,7 +374,7 @@ async fn expired_lease_is_redelivered_first_and_stale_receipt() {
         "expired record before fresh ones: {more:?}"
     );
     assert_eq!(counts(&more), vec![2, 1, 1], "{more:?}");
-    let got: Vec<Option<&str>> = more.iter().map(|m| m.value.as_deref()).collect();
+    let got: Vec<Option<&str>> = more.iter().map(|m| m.value_str()).collect();
     assert_eq!(
         got,
         vec![Some("e/2"), Some("e/5"), Some("e/6")],
@@ -515,4 +515,61 @@ async fn leases_survive_leader_change() {
     );
     let none = pull(&c, "l", "s", json!({"max": 10})).await;
     assert!(none.is_empty(), "{none:?}");
+}
+
+/// A pull that asks for the binary form of records (`Accept: application/vnd.raftq.records`)
+/// leases exactly as a JSON pull does, and its messages carry the same receipts, offsets and
+/// contents, a binary value as its bytes; its receipts ack as any others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pull_in_the_binary_form_leases_as_a_json_pull_does() {
+    use raftq_client::api::{records_form, RECORDS_CONTENT_TYPE};
+
+    let c = crate::common::Cluster::start(3).await;
+    c.create_topic("bf").await;
+    crate::http::publish_json(
+        &c,
+        "bf",
+        json!([
+            {"value": "bf/0", "key": "k", "headers": {"h": "1"}},
+            {"value_b64": "/wAB"},
+            {"value": "bf/2"},
+            {"value": "bf/3"},
+        ]),
+    )
+    .await;
+    crate::http::create_sub(&c, "bf", "s", json!({"ack_timeout_ms": 60000})).await;
+    let leader = c.leader_id().await;
+    let resp = c
+        .send(
+            c.http()
+                .post(format!("{}{}/pull", c.url(leader), sub_path("bf", "s")))
+                .header(reqwest::header::ACCEPT, RECORDS_CONTENT_TYPE)
+                .json(&json!({"max": 3})),
+            "pull in the binary form",
+        )
+        .await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        resp.headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok()),
+        Some(RECORDS_CONTENT_TYPE)
+    );
+    let body = resp.bytes().await.expect("the body");
+    let binary = records_form::decode_pull(&body).unwrap_or_else(|e| c.fail(&e));
+    assert_eq!(offsets(&binary), vec![0, 1, 2], "{binary:?}");
+    assert_eq!(counts(&binary), vec![1, 1, 1]);
+    assert_eq!(binary[0].value_str(), Some("bf/0"));
+    assert_eq!(binary[0].key.as_deref(), Some("k"));
+    assert_eq!(binary[0].headers.get("h").map(String::as_str), Some("1"));
+    assert_eq!(&binary[1].value[..], &[0xff, 0x00, 0x01]);
+    assert!(binary.iter().all(|m| m.lease_expires_ms > m.timestamp_ms));
+    // The JSON pull gets what is left, and the binary receipts ack.
+    let rest = pull(&c, "bf", "s", json!({"max": 10})).await;
+    assert_eq!(offsets(&rest), vec![3]);
+    let receipts: Vec<&str> = binary.iter().map(|m| m.receipt.as_str()).collect();
+    assert_eq!(
+        ack(&c, "bf", "s", &receipts).await,
+        vec![ReceiptStatus::Acked; 3]
+    );
 }

@@ -31,7 +31,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use base64::Engine;
 use clap::{Args, ValueEnum};
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -110,7 +109,7 @@ pub struct BenchArgs {
     /// Records of P1, P2 and P4.
     #[arg(long, default_value_t = 100_000, value_name = "N")]
     pub n: u64,
-    /// Bytes of each record's value (random, sent base64-encoded).
+    /// Bytes of each record's value (random; base64 in JSON, as they are in record batches).
     #[arg(long, default_value_t = 1024, value_name = "BYTES")]
     pub size: usize,
     /// Publish calls in flight in P1, P2's pre-fill and P4.
@@ -305,7 +304,7 @@ fn check(args: &BenchArgs) -> Result<(), Failure> {
 struct Ctx {
     client: Client,
     args: BenchArgs,
-    payloads: Arc<Vec<String>>,
+    payloads: Arc<Vec<bytes::Bytes>>,
     run_id: String,
 }
 
@@ -317,7 +316,7 @@ async fn run(args: BenchArgs) -> Result<ExitCode, Failure> {
         .map(|_| {
             let mut bytes = vec![0u8; args.size];
             rng.fill_bytes(&mut bytes);
-            base64::engine::general_purpose::STANDARD.encode(bytes)
+            bytes::Bytes::from(bytes)
         })
         .collect();
     let run_id = format!("{:08x}", rng.next_u32());
@@ -560,6 +559,14 @@ impl Ctx {
             match a.connection.publish_format {
                 crate::PublishFormatArg::RecordBatch => "record-batch",
                 crate::PublishFormatArg::Json => "json",
+            }
+            .into(),
+        );
+        c.insert(
+            "read_format",
+            match a.connection.read_format {
+                crate::ReadFormatArg::Records => "records",
+                crate::ReadFormatArg::Json => "json",
             }
             .into(),
         );

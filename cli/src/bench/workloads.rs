@@ -60,12 +60,7 @@ impl Ctx {
                     if i >= n || Instant::now() >= deadline {
                         break;
                     }
-                    let record = RecordIn {
-                        value: None,
-                        value_b64: Some(make[(i % make.len() as u64) as usize].clone()),
-                        key: None,
-                        headers: BTreeMap::new(),
-                    };
+                    let record = RecordIn::bytes(make[(i % make.len() as u64) as usize].clone());
                     let sent = Instant::now();
                     let result = match &producer {
                         Some(producer) => match producer.send(record).await {

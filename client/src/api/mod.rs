@@ -6,18 +6,24 @@
 
 mod cluster;
 mod problem;
+pub mod records_form;
 mod reports;
 mod subscriptions;
+mod value;
 
 pub use cluster::*;
 pub use problem::*;
+pub use records_form::RECORDS_CONTENT_TYPE;
 pub use reports::*;
 pub use subscriptions::*;
 
 use std::collections::BTreeMap;
 use std::fmt;
 
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
+
+pub(crate) use value::{json_field_len, json_str_len};
 
 /// Longest topic or subscription name.
 pub const MAX_NAME_LEN: usize = 128;
@@ -49,43 +55,70 @@ pub fn is_valid_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
 }
 
-/// A record as a producer sends it: exactly one of `value` (UTF-8 text) or `value_b64`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[serde(deny_unknown_fields)]
+/// A record as a producer sends it. Its value is bytes; in JSON it is exactly one of `value`
+/// (UTF-8 text) or `value_b64` (base64), and in a record batch its bytes as they are.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RecordIn {
-    /// The value as UTF-8 text. Exactly one of `value` and `value_b64`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub value: Option<String>,
-    /// The value as standard base64, for binary values. Exactly one of `value` and `value_b64`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(feature = "openapi", schema(format = Byte, content_encoding = "base64"))]
-    pub value_b64: Option<String>,
+    /// The value.
+    pub value: Bytes,
     /// At most 4,096 bytes.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(feature = "openapi", schema(max_length = 4096))]
     pub key: Option<String>,
     /// At most 128 headers; names are 1 to 256 bytes.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub headers: BTreeMap<String, String>,
+}
+
+value::through_json!(RecordIn, value::json::RecordIn);
+
+impl Serialize for RecordIn {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let (value, value_b64) = value::to_json(&self.value);
+        value::json::RecordInRef {
+            value,
+            value_b64,
+            key: &self.key,
+            headers: &self.headers,
+        }
+        .serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for RecordIn {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let r = value::json::RecordIn::deserialize(d)?;
+        Ok(RecordIn {
+            value: value::from_json(r.value, r.value_b64).map_err(serde::de::Error::custom)?,
+            key: r.key,
+            headers: r.headers,
+        })
+    }
 }
 
 impl RecordIn {
     /// A record with a UTF-8 text value.
     pub fn text(value: impl Into<String>) -> Self {
         RecordIn {
-            value: Some(value.into()),
+            value: Bytes::from(value.into().into_bytes()),
             ..Default::default()
         }
     }
 
-    /// A record with a binary value (sent as base64).
+    /// A record with a binary value, copied (JSON carries it as base64; a record batch, the
+    /// SDK's default, as its bytes).
     pub fn binary(value: &[u8]) -> Self {
-        use base64::Engine as _;
+        RecordIn::bytes(Bytes::copy_from_slice(value))
+    }
+
+    /// A record whose value is `value`, shared, not copied.
+    pub fn bytes(value: impl Into<Bytes>) -> Self {
         RecordIn {
-            value_b64: Some(base64::engine::general_purpose::STANDARD.encode(value)),
+            value: value.into(),
             ..Default::default()
         }
+    }
+
+    /// The value when it is UTF-8 text.
+    pub fn value_str(&self) -> Option<&str> {
+        std::str::from_utf8(&self.value).ok()
     }
 
     /// Sets the record's key.
@@ -160,42 +193,57 @@ pub struct PublishResponse {
     pub commit_point: CommitPoint,
 }
 
-/// A record as returned by a read: `value` when the bytes are UTF-8, `value_b64` otherwise.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+/// A record as returned by a read. Its value is bytes; in JSON it is `value` when the bytes
+/// are UTF-8 text, `value_b64` (base64) otherwise.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Record {
     pub offset: u64,
     pub timestamp_ms: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
-    #[serde(default)]
-    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub headers: BTreeMap<String, String>,
-    /// The value, when it is UTF-8 text.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub value: Option<String>,
-    /// The value as standard base64, when it is not UTF-8 text (instead of `value`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(feature = "openapi", schema(format = Byte, content_encoding = "base64"))]
-    pub value_b64: Option<String>,
+    /// The value.
+    pub value: Bytes,
 }
 
-/// A value's bytes from the API's `value` (UTF-8 text) or `value_b64` (base64) field.
-fn value_bytes(value: &Option<String>, value_b64: &Option<String>) -> Vec<u8> {
-    use base64::Engine as _;
-    match (value, value_b64) {
-        (Some(text), _) => text.as_bytes().to_vec(),
-        (None, Some(b64)) => base64::engine::general_purpose::STANDARD
-            .decode(b64)
-            .unwrap_or_default(),
-        (None, None) => Vec::new(),
+value::through_json!(Record, value::json::Record);
+
+impl Serialize for Record {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let (value, value_b64) = value::to_json(&self.value);
+        value::json::RecordRef {
+            offset: self.offset,
+            timestamp_ms: self.timestamp_ms,
+            key: &self.key,
+            headers: &self.headers,
+            value,
+            value_b64,
+        }
+        .serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Record {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let r = value::json::Record::deserialize(d)?;
+        Ok(Record {
+            offset: r.offset,
+            timestamp_ms: r.timestamp_ms,
+            key: r.key,
+            headers: r.headers,
+            value: value::read_back(r.value, r.value_b64).map_err(serde::de::Error::custom)?,
+        })
     }
 }
 
 impl Record {
-    /// The value's bytes, whichever way they were sent.
+    /// The value's bytes, copied.
     pub fn value_bytes(&self) -> Vec<u8> {
-        value_bytes(&self.value, &self.value_b64)
+        self.value.to_vec()
+    }
+
+    /// The value when it is UTF-8 text.
+    pub fn value_str(&self) -> Option<&str> {
+        std::str::from_utf8(&self.value).ok()
     }
 }
 

@@ -151,9 +151,9 @@ pub struct PullRequest {
     pub consumer: Option<String>,
 }
 
-/// One leased record.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+/// One leased record. Its value is bytes; in JSON it is `value` when the bytes are UTF-8
+/// text, `value_b64` (base64) otherwise.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Message {
     /// Names this delivery; ack, nack and extend take it.
     pub receipt: String,
@@ -161,24 +161,58 @@ pub struct Message {
     pub delivery_count: u32,
     pub lease_expires_ms: u64,
     pub timestamp_ms: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
-    #[serde(default)]
-    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub headers: BTreeMap<String, String>,
-    /// The value, when it is UTF-8 text.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub value: Option<String>,
-    /// The value as standard base64, when it is not UTF-8 text (instead of `value`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(feature = "openapi", schema(format = Byte, content_encoding = "base64"))]
-    pub value_b64: Option<String>,
+    /// The value.
+    pub value: Bytes,
+}
+
+super::value::through_json!(Message, super::value::json::Message);
+
+impl Serialize for Message {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let (value, value_b64) = super::value::to_json(&self.value);
+        super::value::json::MessageRef {
+            receipt: &self.receipt,
+            offset: self.offset,
+            delivery_count: self.delivery_count,
+            lease_expires_ms: self.lease_expires_ms,
+            timestamp_ms: self.timestamp_ms,
+            key: &self.key,
+            headers: &self.headers,
+            value,
+            value_b64,
+        }
+        .serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Message {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let m = super::value::json::Message::deserialize(d)?;
+        Ok(Message {
+            receipt: m.receipt,
+            offset: m.offset,
+            delivery_count: m.delivery_count,
+            lease_expires_ms: m.lease_expires_ms,
+            timestamp_ms: m.timestamp_ms,
+            key: m.key,
+            headers: m.headers,
+            value: super::value::read_back(m.value, m.value_b64)
+                .map_err(serde::de::Error::custom)?,
+        })
+    }
 }
 
 impl Message {
-    /// The value's bytes, whichever way they were sent.
+    /// The value's bytes, copied.
     pub fn value_bytes(&self) -> Vec<u8> {
-        value_bytes(&self.value, &self.value_b64)
+        self.value.to_vec()
+    }
+
+    /// The value when it is UTF-8 text.
+    pub fn value_str(&self) -> Option<&str> {
+        std::str::from_utf8(&self.value).ok()
     }
 }
 

@@ -7,7 +7,8 @@ use std::time::Duration;
 use reqwest::header::HeaderValue;
 
 use super::{
-    Client, PublishFormat, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DEADLINE, DEFAULT_REQUEST_TIMEOUT,
+    Client, PublishFormat, ReadFormat, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DEADLINE,
+    DEFAULT_REQUEST_TIMEOUT,
 };
 use crate::error::Error;
 use crate::transport::{base_url, Transport};
@@ -23,6 +24,7 @@ pub struct ClientBuilder {
     request_timeout: Duration,
     connect_timeout: Duration,
     publish_format: PublishFormat,
+    read_format: ReadFormat,
 }
 
 impl fmt::Debug for ClientBuilder {
@@ -35,6 +37,7 @@ impl fmt::Debug for ClientBuilder {
             .field("request_timeout", &self.request_timeout)
             .field("connect_timeout", &self.connect_timeout)
             .field("publish_format", &self.publish_format)
+            .field("read_format", &self.read_format)
             .finish()
     }
 }
@@ -87,6 +90,13 @@ impl ClientBuilder {
     /// predates the record batch format.
     pub fn publish_format(mut self, format: PublishFormat) -> Self {
         self.publish_format = format;
+        self
+    }
+
+    /// How reads and pulls ask for records: as record batches (the default; a server that
+    /// predates them answers JSON anyway) or as JSON.
+    pub fn read_format(mut self, format: ReadFormat) -> Self {
+        self.read_format = format;
         self
     }
 
@@ -158,6 +168,7 @@ impl ClientBuilder {
                 self.request_timeout,
             )),
             publish_format: self.publish_format,
+            read_format: self.read_format,
             json_only: Arc::default(),
         })
     }
@@ -177,6 +188,7 @@ impl Client {
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             publish_format: PublishFormat::default(),
+            read_format: ReadFormat::default(),
         }
     }
 }

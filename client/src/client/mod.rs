@@ -18,6 +18,7 @@ use crate::api::{
     is_valid_name, PublishRequest, PublishResponse, ReadFrom, ReadResponse, RecordIn, TopicConfig,
     TopicInfo, TopicList, TopicSummary, MAX_BATCH_RECORDS, MAX_WAIT_MS, RECORD_BATCH_CONTENT_TYPE,
 };
+use crate::api::{records_form, RECORDS_CONTENT_TYPE};
 use crate::batch;
 use crate::error::Error;
 use crate::transport::{encode_query_value, Call, Retry, Transport};
@@ -46,6 +47,7 @@ const OCTET_STREAM: &str = "application/octet-stream";
 pub struct Client {
     transport: Arc<Transport>,
     publish_format: PublishFormat,
+    read_format: ReadFormat,
     /// Set once a server answered that it does not take record batches (a server older than
     /// them, during a rolling upgrade): from then on this client publishes JSON.
     json_only: Arc<std::sync::atomic::AtomicBool>,
@@ -67,6 +69,18 @@ pub enum PublishFormat {
     RecordBatch,
     /// JSON (`application/json`), binary values in base64: what servers before the record
     /// batch format accept.
+    Json,
+}
+
+/// How [`Client::read`] and [`Client::pull`] (and the consumers on them) ask for records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReadFormat {
+    /// The binary form (`application/vnd.raftq.records`, see [`crate::api::records_form`]):
+    /// values as their bytes, with no JSON escaping or base64 on either side. The default; a
+    /// server that predates it answers JSON, which is read as such.
+    #[default]
+    Records,
+    /// JSON (`application/json`), binary values in base64.
     Json,
 }
 
@@ -425,8 +439,37 @@ impl Client {
             query.push("wait_ms", wait_ms);
             hold = Duration::from_millis(wait_ms);
         }
-        self.get(format!("v1/topics/{topic}/records{}", query.0), hold)
-            .await
+        let call = Call {
+            method: Method::GET,
+            target: format!("v1/topics/{topic}/records{}", query.0),
+            body: None,
+            retry: Retry::Read,
+            hold,
+        };
+        self.send_records(&call, records_form::decode_read).await
+    }
+
+    /// Sends `call` asking for records in this client's [`ReadFormat`], and decodes the
+    /// answer by its content type: the binary form with `binary`, JSON otherwise.
+    pub(crate) async fn send_records<T: DeserializeOwned>(
+        &self,
+        call: &Call,
+        binary: fn(&Bytes) -> Result<T, String>,
+    ) -> Result<T, Error> {
+        let accept = match self.read_format {
+            ReadFormat::Records => Some(RECORDS_CONTENT_TYPE),
+            ReadFormat::Json => None,
+        };
+        let answer = self.transport.execute_accepting(call, accept).await?;
+        if answer.is(RECORDS_CONTENT_TYPE) {
+            return binary(&answer.body).map_err(|err| Error::Decode {
+                detail: format!(
+                    "{} /{} answered {} with records that do not decode: {err}",
+                    call.method, call.target, answer.status
+                ),
+            });
+        }
+        decode_json(call, answer.status, &answer.body)
     }
 
     async fn get<T: DeserializeOwned>(&self, target: String, hold: Duration) -> Result<T, Error> {
@@ -442,18 +485,27 @@ impl Client {
 
     async fn send_json<T: DeserializeOwned>(&self, call: &Call) -> Result<T, Error> {
         let (status, body) = self.transport.execute(call).await?;
-        serde_json::from_slice(&body).map_err(|err| Error::Decode {
-            detail: format!(
-                "{} /{} answered {status} with {err}: {}",
-                call.method,
-                call.target,
-                String::from_utf8_lossy(&body)
-                    .chars()
-                    .take(200)
-                    .collect::<String>()
-            ),
-        })
+        decode_json(call, status, &body)
     }
+}
+
+/// The JSON answer `body` to `call`.
+fn decode_json<T: DeserializeOwned>(
+    call: &Call,
+    status: StatusCode,
+    body: &[u8],
+) -> Result<T, Error> {
+    serde_json::from_slice(body).map_err(|err| Error::Decode {
+        detail: format!(
+            "{} /{} answered {status} with {err}: {}",
+            call.method,
+            call.target,
+            String::from_utf8_lossy(body)
+                .chars()
+                .take(200)
+                .collect::<String>()
+        ),
+    })
 }
 
 pub(crate) fn check_name(what: &str, name: &str) -> Result<(), Error> {
@@ -470,51 +522,22 @@ pub(crate) fn check_name(what: &str, name: &str) -> Result<(), Error> {
 /// leader stamps each record), no Kafka producer fields (idempotency is `producer_id` and
 /// `sequence` in the query).
 fn record_batch_body(records: &[RecordIn]) -> Result<Bytes, Error> {
-    use base64::Engine as _;
-    let mut values = Vec::with_capacity(records.len());
-    for (i, r) in records.iter().enumerate() {
-        values.push(match (&r.value, &r.value_b64) {
-            (Some(text), None) => std::borrow::Cow::Borrowed(text.as_bytes()),
-            (None, Some(b64)) => std::borrow::Cow::Owned(
-                base64::engine::general_purpose::STANDARD
-                    .decode(b64)
-                    .map_err(|err| {
-                        Error::InvalidArgument(format!(
-                            "record {i}: value_b64 is not valid base64: {err}"
-                        ))
-                    })?,
-            ),
-            _ => {
-                return Err(Error::InvalidArgument(format!(
-                    "record {i} needs exactly one of value and value_b64"
-                )))
-            }
-        });
-    }
-    /// A record's headers as a batch carries them.
-    type Headers<'a> = Vec<(&'a str, Option<&'a [u8]>)>;
-    let headers: Vec<Headers<'_>> = records
+    let headers: Vec<batch::HeaderRefs<'_>> = records
         .iter()
-        .map(|r| {
-            r.headers
-                .iter()
-                .map(|(name, value)| (name.as_str(), Some(value.as_bytes())))
-                .collect()
-        })
+        .map(|r| batch::text_headers(r.headers.iter().map(|(k, v)| (k.as_str(), v.as_str()))))
         .collect();
     let refs: Vec<batch::RecordRef<'_>> = records
         .iter()
-        .zip(&values)
         .zip(&headers)
-        .map(|((r, value), headers)| batch::RecordRef {
+        .map(|(r, headers)| batch::RecordRef {
             timestamp_delta: 0,
             key: r.key.as_deref().map(str::as_bytes),
-            value: Some(value),
+            value: Some(&r.value),
             headers,
         })
         .collect();
     let header = batch::BatchHeader::unstamped(refs.len());
-    let bytes: usize = values.iter().map(|v| v.len() + 16).sum();
+    let bytes: usize = records.iter().map(|r| r.value.len() + 16).sum();
     let mut out = Vec::with_capacity(batch::HEADER_BYTES + bytes);
     batch::encode(&header, &refs, &mut out);
     Ok(Bytes::from(out))
@@ -531,7 +554,6 @@ fn json_body(value: &impl Serialize) -> Result<Bytes, Error> {
 /// other as `value_b64`).
 #[cfg(test)]
 pub(crate) fn sent_publish(target: &str, body: &[u8]) -> (String, PublishRequest) {
-    use base64::Engine as _;
     let (path, query) = target.split_once('?').unwrap_or((target, ""));
     if let Ok(request) = serde_json::from_slice::<PublishRequest>(body) {
         return (path.to_string(), request);
@@ -543,13 +565,7 @@ pub(crate) fn sent_publish(target: &str, body: &[u8]) -> (String, PublishRequest
         .flat_map(|b| &b.records)
         .map(|r| {
             let value = r.value.expect("a value");
-            let mut record = match std::str::from_utf8(value) {
-                Ok(text) => RecordIn::text(text),
-                Err(_) => RecordIn {
-                    value_b64: Some(base64::engine::general_purpose::STANDARD.encode(value)),
-                    ..Default::default()
-                },
-            };
+            let mut record = RecordIn::binary(value);
             record.key = r
                 .key
                 .map(|k| String::from_utf8(k.to_vec()).expect("UTF-8 key"));

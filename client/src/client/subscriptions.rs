@@ -7,6 +7,7 @@ use reqwest::{Method, StatusCode};
 use serde::Serialize;
 
 use super::{check_name, json_body, Client, JSON};
+use crate::api::records_form;
 use crate::api::{
     AckRequest, CursorRequest, CursorResponse, ExtendRequest, NackRequest, PullRequest,
     PullResponse, ReceiptResult, ReceiptResults, SubscriptionConfig, SubscriptionInfo,
@@ -140,7 +141,10 @@ impl Client {
             retry: Retry::IdempotentWrite,
             hold: Duration::from_millis(wait_ms),
         };
-        self.send_json(&call).await
+        self.send_records(&call, |body| {
+            records_form::decode_pull(body).map(|messages| PullResponse { messages })
+        })
+        .await
     }
 
     /// Acks deliveries: their records are done and never delivered again. Answers one result

@@ -2,6 +2,7 @@
 //! stats; what it hands the driver.
 
 use super::*;
+use crate::api::{json_field_len, json_str_len};
 
 impl Producer {
     /// Opens a producer for `topic`. With a spool, the spool is opened (created if needed,
@@ -419,15 +420,10 @@ fn random_producer_id() -> String {
 /// The size of `record` as JSON in a publish request (plus its separating comma): exactly what
 /// serde_json writes, counted without writing it.
 pub(crate) fn encoded_len(record: &RecordIn) -> usize {
-    let mut fields = Vec::with_capacity(4);
-    if let Some(value) = &record.value {
-        fields.push(("value", json_str_len(value)));
-    }
-    if let Some(value) = &record.value_b64 {
-        fields.push(("value_b64", json_str_len(value)));
-    }
+    let mut fields = Vec::with_capacity(3);
+    fields.push(json_field_len(&record.value));
     if let Some(key) = &record.key {
-        fields.push(("key", json_str_len(key)));
+        fields.push(json_str_len("key") + 1 + json_str_len(key));
     }
     if !record.headers.is_empty() {
         let pairs: usize = record
@@ -435,33 +431,9 @@ pub(crate) fn encoded_len(record: &RecordIn) -> usize {
             .iter()
             .map(|(name, value)| json_str_len(name) + 1 + json_str_len(value))
             .sum();
-        fields.push(("headers", 2 + pairs + record.headers.len() - 1));
+        fields.push(json_str_len("headers") + 1 + 2 + pairs + record.headers.len() - 1);
     }
-    let body: usize = fields
-        .iter()
-        .map(|(name, value)| json_str_len(name) + 1 + value)
-        .sum();
+    let body: usize = fields.iter().sum();
     // The comma before the record, the braces, the commas between fields.
     1 + 2 + body + fields.len().saturating_sub(1)
-}
-
-/// A string's length as a JSON string, quotes and escapes included, as serde_json escapes it
-/// (`"` and `\` and the control characters; everything else as it is, UTF-8).
-fn json_str_len(s: &str) -> usize {
-    // Nearly every string (a base64 value always) needs no escape: one pass the compiler
-    // vectorizes finds that, and only a string that does is counted byte by byte.
-    let needs_escape = s.bytes().fold(false, |any, b| {
-        any | (b < 0x20) | (b == b'"') | (b == b'\\')
-    });
-    if !needs_escape {
-        return 2 + s.len();
-    }
-    2 + s
-        .bytes()
-        .map(|b| match b {
-            b'"' | b'\\' | 0x08 | 0x09 | 0x0a | 0x0c | 0x0d => 2,
-            0x00..=0x1f => 6,
-            _ => 1,
-        })
-        .sum::<usize>()
 }

@@ -59,8 +59,7 @@ fn message(offset: u64) -> Message {
         timestamp_ms: 1,
         key: Some(format!("k{offset}")),
         headers: Default::default(),
-        value: Some(format!("v{offset}")),
-        value_b64: None,
+        value: format!("v{offset}").into(),
     }
 }
 

@@ -347,10 +347,7 @@ impl Delivery {
     /// From an SDK message (a binary value is taken as lossy UTF-8).
     pub fn from_message(m: &Message) -> Delivery {
         Delivery {
-            value: m
-                .value
-                .clone()
-                .unwrap_or_else(|| String::from_utf8_lossy(&m.value_bytes()).into_owned()),
+            value: String::from_utf8_lossy(&m.value).into_owned(),
             offset: m.offset,
             receipt: m.receipt.clone(),
             delivery_count: m.delivery_count,
@@ -361,12 +358,7 @@ impl Delivery {
 
 /// `(offset, value)` of an SDK record (a binary value is taken as lossy UTF-8).
 pub fn record_pair(r: &Record) -> (u64, String) {
-    (
-        r.offset,
-        r.value
-            .clone()
-            .unwrap_or_else(|| String::from_utf8_lossy(&r.value_bytes()).into_owned()),
-    )
+    (r.offset, String::from_utf8_lossy(&r.value).into_owned())
 }
 
 /// What an `ok` completion carries. Which variant goes with which [`Op`]:

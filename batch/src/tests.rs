@@ -650,3 +650,54 @@ fn random_bytes_never_panic() {
     // The mutations reach the record parser and sometimes still make valid batches.
     assert!(ok > 0);
 }
+
+/// `nth_record` finds, without decoding what comes before, exactly the record `decode_all`
+/// puts at that place, across batches; past the last record it says how many there are.
+#[test]
+fn nth_record_is_the_record_decode_all_finds_there() {
+    let mut rng = Rng(0x2545_F491_4F6C_DD1D);
+    let limits = limits(1000, 5);
+    for _ in 0..60 {
+        let mut out = Vec::new();
+        for _ in 0..1 + rng.below(3) {
+            let records = rng.records();
+            let header = rng.header(records.len() as i32 - 1);
+            encode_owned(&header, &records, &mut out);
+        }
+        let all: Vec<Record<'_>> = decode_all(&out, &limits)
+            .unwrap()
+            .into_iter()
+            .flat_map(|b| b.records)
+            .collect();
+        for (n, record) in all.iter().enumerate() {
+            assert_eq!(&nth_record(&out, n, &limits).unwrap(), record, "record {n}");
+        }
+        assert_eq!(
+            nth_record(&out, all.len(), &limits),
+            Err(BatchError::NoSuchRecord {
+                index: all.len(),
+                count: all.len()
+            })
+        );
+    }
+}
+
+/// Whatever the bytes, `nth_record` answers a record or an error, never a panic.
+#[test]
+fn nth_record_never_panics() {
+    let mut rng = Rng(0x94D0_49BB_1331_11EB);
+    let valid = unhex(GOLDEN_A);
+    let limits = Limits::default();
+    for _ in 0..50_000 {
+        let mut bytes = valid.clone();
+        let flips = 1 + rng.below(4);
+        for _ in 0..flips {
+            let at = rng.below(bytes.len() as u64) as usize;
+            bytes[at] = rng.next() as u8;
+        }
+        if rng.below(3) == 0 {
+            bytes.truncate(rng.below(bytes.len() as u64) as usize);
+        }
+        let _ = nth_record(&bytes, rng.below(4) as usize, &limits);
+    }
+}

@@ -56,42 +56,16 @@ fn decode_at<'a>(
     start: usize,
     limits: &Limits,
 ) -> Result<(Batch<'a>, usize), BatchError> {
-    let mut c = Cursor {
-        buf: bytes,
-        pos: start,
-        end: bytes.len(),
-        bound: Bound::Input,
-    };
-    let base_offset = c.i64("baseOffset")?;
-    let length_at = c.pos;
-    let batch_length = c.i32("batchLength")?;
-    let partition_leader_epoch = c.i32("partitionLeaderEpoch")?;
-    let magic = c.i8("magic")?;
-    if magic != MAGIC {
-        return Err(BatchError::Magic {
-            at: start + MAGIC_AT,
-            found: magic,
-        });
-    }
-    if batch_length < MIN_BATCH_LENGTH {
-        return Err(BatchError::BatchLengthTooSmall {
-            at: length_at,
-            declared: batch_length,
-        });
-    }
-    // Non-negative after the check above.
-    let total = LOG_OVERHEAD + batch_length as usize;
+    let Frame {
+        mut c,
+        base_offset,
+        length_at,
+        batch_length,
+        partition_leader_epoch,
+        total,
+        end,
+    } = frame(bytes, start)?;
     let available = bytes.len().saturating_sub(start);
-    if total > available {
-        return Err(BatchError::Truncated {
-            field: "batch (12 + batchLength bytes)",
-            at: start,
-            needed: total,
-            available,
-        });
-    }
-    let end = start + total;
-    c.end = end;
 
     let crc = c.u32("crc")?;
     let covered = bytes
@@ -197,6 +171,128 @@ fn decode_at<'a>(
         });
     }
     Ok((Batch { header, records }, total))
+}
+
+/// The framing of the batch at `bytes[start..]`: its fixed fields up to the magic byte,
+/// checked (magic 2, a `batchLength` that covers the header and lies within the input), and a
+/// cursor bounded by the batch's end, positioned at the CRC.
+struct Frame<'a> {
+    c: Cursor<'a>,
+    base_offset: i64,
+    length_at: usize,
+    batch_length: i32,
+    partition_leader_epoch: i32,
+    /// Bytes the batch takes: `12 + batchLength`.
+    total: usize,
+    /// Where it ends.
+    end: usize,
+}
+
+fn frame(bytes: &[u8], start: usize) -> Result<Frame<'_>, BatchError> {
+    let mut c = Cursor {
+        buf: bytes,
+        pos: start,
+        end: bytes.len(),
+        bound: Bound::Input,
+    };
+    let base_offset = c.i64("baseOffset")?;
+    let length_at = c.pos;
+    let batch_length = c.i32("batchLength")?;
+    let partition_leader_epoch = c.i32("partitionLeaderEpoch")?;
+    let magic = c.i8("magic")?;
+    if magic != MAGIC {
+        return Err(BatchError::Magic {
+            at: start + MAGIC_AT,
+            found: magic,
+        });
+    }
+    if batch_length < MIN_BATCH_LENGTH {
+        return Err(BatchError::BatchLengthTooSmall {
+            at: length_at,
+            declared: batch_length,
+        });
+    }
+    // Non-negative after the check above.
+    let total = LOG_OVERHEAD + batch_length as usize;
+    let available = bytes.len().saturating_sub(start);
+    if total > available {
+        return Err(BatchError::Truncated {
+            field: "batch (12 + batchLength bytes)",
+            at: start,
+            needed: total,
+            available,
+        });
+    }
+    let end = start + total;
+    c.end = end;
+    Ok(Frame {
+        c,
+        base_offset,
+        length_at,
+        batch_length,
+        partition_leader_epoch,
+        total,
+        end,
+    })
+}
+
+/// Record `n` (counting from 0 across the batches) of a body of batches back to back that
+/// [`decode_all`] accepted, found without decoding the records before it or checking the
+/// CRCs again: the batches before it are skipped by their lengths and record counts, the
+/// records before it by their lengths. For reading one record of a body checked once already.
+///
+/// Every length is still checked against the bytes present, and the record itself is decoded
+/// as [`decode`] decodes it, so any input gives a record or an error, never a panic; but a
+/// damaged byte that a CRC would catch goes unnoticed unless it breaks the framing.
+pub fn nth_record<'a>(
+    bytes: &'a [u8],
+    n: usize,
+    limits: &Limits,
+) -> Result<Record<'a>, BatchError> {
+    let mut start = 0;
+    let mut before = 0;
+    while start < bytes.len() {
+        let Frame {
+            mut c,
+            length_at,
+            batch_length,
+            end,
+            ..
+        } = frame(bytes, start)?;
+        c.pos = start + HEADER_BYTES - 4;
+        let count_at = c.pos;
+        let count = c.i32("record count")?;
+        let count = usize::try_from(count).ok().filter(|&c| c > 0).ok_or(
+            BatchError::RecordCountInvalid {
+                at: count_at,
+                count,
+            },
+        )?;
+        if n - before < count {
+            let index = n - before;
+            for skipped in 0..index {
+                c.bound = Bound::Batch {
+                    at: length_at,
+                    declared: batch_length,
+                    record: skipped,
+                };
+                let length = c.count("record length", skipped, "a non-negative length")?;
+                c.take(length, "record body")?;
+            }
+            c.bound = Bound::Batch {
+                at: length_at,
+                declared: batch_length,
+                record: index,
+            };
+            return record(&mut c, index, limits);
+        }
+        before += count;
+        start = end;
+    }
+    Err(BatchError::NoSuchRecord {
+        index: n,
+        count: before,
+    })
 }
 
 /// Reads record `index` from `c` (bounded by the batch) and moves `c` past it.

@@ -77,7 +77,7 @@ mod encode;
 #[cfg(test)]
 mod tests;
 
-pub use decode::{decode, decode_all};
+pub use decode::{decode, decode_all, nth_record};
 pub use encode::{encode, set_base_offset};
 
 /// The magic byte of the record batch format this module reads and writes.
@@ -210,6 +210,17 @@ pub struct RecordRef<'a> {
     pub value: Option<&'a [u8]>,
     /// The headers as `(key, value)` pairs; a `None` value is a null header value.
     pub headers: &'a [(&'a str, Option<&'a [u8]>)],
+}
+
+/// A record's headers as [`RecordRef::headers`] takes them.
+pub type HeaderRefs<'a> = Vec<(&'a str, Option<&'a [u8]>)>;
+
+/// Text headers (name, value) as [`RecordRef::headers`] takes them: every value present.
+pub fn text_headers<'a>(headers: impl IntoIterator<Item = (&'a str, &'a str)>) -> HeaderRefs<'a> {
+    headers
+        .into_iter()
+        .map(|(name, value)| (name, Some(value.as_bytes())))
+        .collect()
 }
 
 /// Bounds that decoding enforces on counts read from the input, on top of the bytes present.
@@ -389,6 +400,15 @@ pub enum BatchError {
         count: i32,
         /// The limit.
         limit: usize,
+    },
+
+    /// [`nth_record`] was asked for a record past the last one.
+    #[error("there is no record {index}: the batches hold {count} records")]
+    NoSuchRecord {
+        /// The record asked for.
+        index: usize,
+        /// Records the batches hold.
+        count: usize,
     },
 
     /// The batch ends before the number of records its record count declares.

@@ -1,0 +1,71 @@
+//! The replica facade's pure decisions.
+
+use std::collections::BTreeMap;
+
+use super::all_apply_batches;
+
+/// Batch publishes go into the log only once every other member has said it applies them: a
+/// member not heard from, or one that says an older format (or none, as an older release),
+/// keeps publishes one record at a time; this node's own word is not needed.
+#[test]
+fn batch_publishes_wait_for_every_member() {
+    let formats = |pairs: &[(u64, u32)]| pairs.iter().copied().collect::<BTreeMap<_, _>>();
+    struct Case {
+        what: &'static str,
+        members: &'static [u64],
+        formats: &'static [(u64, u32)],
+        accepted: bool,
+    }
+    let cases = [
+        Case {
+            what: "a single node",
+            members: &[1],
+            formats: &[],
+            accepted: true,
+        },
+        Case {
+            what: "every other member at format 2",
+            members: &[1, 2, 3],
+            formats: &[(2, 2), (3, 2)],
+            accepted: true,
+        },
+        Case {
+            what: "a newer member",
+            members: &[1, 2, 3],
+            formats: &[(2, 2), (3, 3)],
+            accepted: true,
+        },
+        Case {
+            what: "a member not heard from",
+            members: &[1, 2, 3],
+            formats: &[(2, 2)],
+            accepted: false,
+        },
+        Case {
+            what: "a member at format 1",
+            members: &[1, 2, 3],
+            formats: &[(2, 2), (3, 1)],
+            accepted: false,
+        },
+        Case {
+            what: "a learner not heard from",
+            members: &[1, 2, 3, 4],
+            formats: &[(2, 2), (3, 2)],
+            accepted: false,
+        },
+        Case {
+            what: "a former member still recorded",
+            members: &[1, 2],
+            formats: &[(2, 2), (3, 1)],
+            accepted: true,
+        },
+    ];
+    for case in cases {
+        assert_eq!(
+            all_apply_batches(1, case.members.iter().copied(), &formats(case.formats)),
+            case.accepted,
+            "{}",
+            case.what
+        );
+    }
+}
