@@ -28,7 +28,7 @@ use crate::codec;
 use crate::node::AppState;
 use crate::raft::network::{SnapshotHeader, FORMAT_HEADER, RPC_FORMAT, SECRET_HEADER};
 use crate::raft::{stream, NodeId, Snapshot, SnapshotData, TypeConfig};
-use crate::store::{snapshot, Raft, SmShared};
+use crate::store::{transfer, Raft, SmShared};
 use crate::tokens::secret_matches;
 use openraft::raft::AppendEntriesRequest;
 
@@ -334,7 +334,7 @@ async fn receive_snapshot(
     // Checked whole here, so that a broken transfer is refused to its sender; the state
     // machine checks it again as it stores it, and a failure there would stop this node.
     let path = path.to_path_buf();
-    let got = tokio::task::spawn_blocking(move || snapshot::verify_whole(&path))
+    let got = tokio::task::spawn_blocking(move || transfer::verify_received(&path))
         .await
         .map_err(|e| PeerError::internal(format!("checking a received snapshot: {e}")))?
         .map_err(|e| PeerError::invalid(format!("received snapshot: {e}")))?;
@@ -474,6 +474,9 @@ async fn status(State(state): State<Peer>, headers: HeaderMap) -> Result<Respons
         // The newest commands this node applies: a leader proposes batch publishes only once
         // every member applies them.
         "command_format": crate::state::COMMAND_FORMAT,
+        // The snapshot transfer format it receives: a leader sends its linked snapshots as
+        // linked transfers only to followers that take them.
+        "snapshot_format": crate::store::transfer::RECEIVES,
     }))
     .into_response())
 }

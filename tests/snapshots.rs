@@ -152,6 +152,13 @@ async fn a_follower_catches_up_by_snapshot_and_matches_the_leader_exactly() {
         "the follower caught up without a snapshot:\n{}",
         common::tail(&c.log_since_last_start(follower), 30)
     );
+    // As a linked transfer: the records' log entries came as the snapshot's record files.
+    assert!(
+        c.log_since_last_start(follower)
+            .contains("received a linked snapshot"),
+        "the follower received the snapshot whole:\n{}",
+        common::tail(&c.log_since_last_start(follower), 30)
+    );
     let seen = c.digests().await;
     assert!(
         seen.iter().all(|d| d == &seen[0]),

@@ -21,7 +21,7 @@ mod membership;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use openraft::async_runtime::watch::WatchReceiver as _;
@@ -33,7 +33,7 @@ pub use error::WriteError;
 use crate::clock::EntryClock;
 use crate::config::Settings;
 use crate::proposer::Proposer;
-use crate::raft::{NodeId, QUORUM_STALE_MS};
+use crate::raft::{Formats, NodeId, PeerFormats, QUORUM_STALE_MS};
 use crate::state::{Command, CommitPoint, Outcome, StoredRecord, TopicMeta};
 use crate::store::{Raft, SmShared, SmView};
 
@@ -57,9 +57,9 @@ pub struct Node {
     /// Set while this leader hands leadership to another voter: writes are refused (a
     /// definite 503) and heartbeats paused, so the followers' lease on it can lapse.
     transferring: AtomicBool,
-    /// The command format each other node last said it applies (`/raft/status`), and whether
-    /// every member applies batch publishes ([`Node::publish_batches_accepted`]).
-    formats: Mutex<BTreeMap<NodeId, u32>>,
+    /// What each other node last said it takes (`/raft/status`), shared with the network, and
+    /// whether every member applies batch publishes ([`Node::publish_batches_accepted`]).
+    formats: Arc<PeerFormats>,
     batches_accepted: AtomicBool,
 }
 
@@ -69,12 +69,12 @@ pub struct Node {
 pub fn all_apply_batches(
     me: NodeId,
     members: impl IntoIterator<Item = NodeId>,
-    formats: &BTreeMap<NodeId, u32>,
+    formats: &BTreeMap<NodeId, Formats>,
 ) -> bool {
     members
         .into_iter()
         .filter(|id| *id != me)
-        .all(|id| formats.get(&id).is_some_and(|f| *f >= 2))
+        .all(|id| formats.get(&id).is_some_and(|f| f.commands >= 2))
 }
 
 pub type AppState = Arc<Node>;
@@ -82,6 +82,8 @@ pub type AppState = Arc<Node>;
 /// What a node is made of; the server builds each part at start-up.
 pub struct Parts {
     pub settings: Settings,
+    /// What the other nodes take, shared with the network.
+    pub formats: Arc<PeerFormats>,
     pub raft: Raft,
     pub sm: Arc<SmShared>,
     pub proposer: Proposer,
@@ -177,7 +179,7 @@ impl Node {
             writes_in_flight: AtomicUsize::new(0),
             stopping_raft: AtomicBool::new(false),
             transferring: AtomicBool::new(false),
-            formats: Mutex::new(BTreeMap::new()),
+            formats: parts.formats,
             batches_accepted: AtomicBool::new(false),
         }
     }
@@ -189,20 +191,16 @@ impl Node {
         self.batches_accepted.load(Ordering::Relaxed)
     }
 
-    /// Records the command format node `id` said it applies (`None`: it said none, as a
-    /// release before batch publishes does).
-    pub fn record_command_format(&self, id: NodeId, format: Option<u32>) {
-        let mut formats = self.formats.lock().unwrap_or_else(|p| p.into_inner());
-        match format {
-            Some(f) => formats.insert(id, f),
-            None => formats.remove(&id),
-        };
+    /// Records what node `id` said it takes (0 for what it did not say, as a release before
+    /// the field does).
+    pub fn record_formats(&self, id: NodeId, formats: Formats) {
+        self.formats.record(id, formats);
     }
 
     /// Decides again, from the formats recorded, whether every current member applies batch
     /// publishes; logs the change when there is one.
     pub fn update_batches_accepted(&self) {
-        let formats = self.formats.lock().unwrap_or_else(|p| p.into_inner());
+        let formats = self.formats.all();
         let members = self.status().members.into_keys();
         let accepted = all_apply_batches(self.id, members, &formats);
         if self.batches_accepted.swap(accepted, Ordering::Relaxed) != accepted {

@@ -27,19 +27,30 @@ pub type Entry = openraft::alias::EntryOf<TypeConfig>;
 pub type Vote = openraft::alias::VoteOf<TypeConfig>;
 pub type StoredMembership = openraft::alias::StoredMembershipOf<TypeConfig>;
 pub type SnapshotMeta = openraft::alias::SnapshotMetaOf<TypeConfig>;
-/// A snapshot's bytes, in the whole format that travels between nodes: a file (one received,
-/// or one whole on disk), or a stream made as it is read (a node's own linked snapshot,
-/// expanded with its records on the way out).
+/// A snapshot's bytes as they travel between nodes: a file (one received, or one whole on
+/// disk), a stream made as it is read, or a node's own linked snapshot, which goes to each
+/// follower in the form it takes.
 pub enum SnapshotData {
     File(tokio::fs::File),
-    Stream(futures::stream::BoxStream<'static, io::Result<bytes::Bytes>>),
+    Stream(ChunkStream),
+    /// A linked snapshot: expanded into the whole format with its records (`whole`), or as a
+    /// linked transfer, the file and the log entries its records point into (`transfer`),
+    /// for a follower that takes one. Each is made only when it is read.
+    Linked {
+        whole: ChunkStream,
+        transfer: ChunkStream,
+    },
 }
+
+/// Chunks of a snapshot's bytes.
+pub type ChunkStream = futures::stream::BoxStream<'static, io::Result<bytes::Bytes>>;
 
 impl std::fmt::Debug for SnapshotData {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             SnapshotData::File(file) => f.debug_tuple("File").field(file).finish(),
             SnapshotData::Stream(_) => f.write_str("Stream"),
+            SnapshotData::Linked { .. } => f.write_str("Linked"),
         }
     }
 }
@@ -48,12 +59,20 @@ impl std::fmt::Debug for SnapshotData {
 const SNAPSHOT_CHUNK: usize = 1 << 20;
 
 impl SnapshotData {
-    /// The bytes, as a stream of chunks.
-    pub fn into_stream(self) -> futures::stream::BoxStream<'static, io::Result<bytes::Bytes>> {
+    /// The bytes in the whole format, as a stream of chunks.
+    pub fn into_stream(self) -> ChunkStream {
+        self.for_peer(false)
+    }
+
+    /// The bytes as they go to a follower: a linked snapshot as a linked transfer when the
+    /// follower takes one (`linked`), else in the whole format.
+    pub fn for_peer(self, linked: bool) -> ChunkStream {
         use futures::StreamExt;
         use tokio::io::AsyncReadExt;
         match self {
             SnapshotData::Stream(s) => s,
+            SnapshotData::Linked { transfer, .. } if linked => transfer,
+            SnapshotData::Linked { whole, .. } => whole,
             SnapshotData::File(file) => futures::stream::unfold(file, |mut file| async move {
                 let mut buf = vec![0u8; SNAPSHOT_CHUNK];
                 match file.read(&mut buf).await {
@@ -69,6 +88,59 @@ impl SnapshotData {
         }
     }
 }
+
+/// What each other node said it takes, in its `/raft/status` (read once a second by every
+/// node): the newest command format it applies (`state::COMMAND_FORMAT`) and the snapshot
+/// transfer format it receives (`store::transfer::RECEIVES`). Shared by the replica facade,
+/// which proposes batch publishes only once every member applies them, and the network, which
+/// sends a follower its snapshot in the form it takes.
+#[derive(Debug, Default)]
+pub struct PeerFormats(std::sync::Mutex<std::collections::BTreeMap<NodeId, Formats>>);
+
+/// What one node takes; 0 where it said nothing (a release before the field).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Formats {
+    pub commands: u32,
+    pub snapshots: u32,
+}
+
+impl Formats {
+    /// What a node's `/raft/status` answer says it takes (0 for a field it lacks).
+    pub fn from_status(status: &serde_json::Value) -> Formats {
+        let number = |field: &str| {
+            status[field]
+                .as_u64()
+                .and_then(|f| u32::try_from(f).ok())
+                .unwrap_or(0)
+        };
+        Formats {
+            commands: number("command_format"),
+            snapshots: number("snapshot_format"),
+        }
+    }
+}
+
+impl PeerFormats {
+    /// Records what node `id` said.
+    pub fn record(&self, id: NodeId, formats: Formats) {
+        self.lock().insert(id, formats);
+    }
+
+    /// What node `id` said last, if it was heard from.
+    pub fn get(&self, id: NodeId) -> Option<Formats> {
+        self.lock().get(&id).copied()
+    }
+
+    /// What every node heard from said last.
+    pub fn all(&self) -> std::collections::BTreeMap<NodeId, Formats> {
+        self.lock().clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<NodeId, Formats>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
 pub type Snapshot = openraft::alias::SnapshotOf<TypeConfig, SnapshotData>;
 pub type StorageResult<T> = Result<T, io::Error>;
 

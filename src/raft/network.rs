@@ -22,7 +22,7 @@ use openraft::{BasicNode, OptionalSend, RaftNetworkV2};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::{NodeId, Snapshot, SnapshotData, SnapshotMeta, TypeConfig, Vote};
+use super::{Formats, NodeId, PeerFormats, Snapshot, SnapshotData, SnapshotMeta, TypeConfig, Vote};
 use crate::codec;
 
 /// The header that carries the cluster secret on every Raft RPC.
@@ -53,6 +53,9 @@ pub async fn peer_status(
         .ok()?;
     Some(resp.json().await.unwrap_or_default())
 }
+
+/// How long a peer's `/raft/status` may take to answer before a snapshot is sent to it.
+const STATUS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// How long one snapshot transfer may take at most.
 const SNAPSHOT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
@@ -104,19 +107,36 @@ pub struct Network {
     http: reqwest::Client,
     secret: Arc<str>,
     decode_limit: u64,
+    /// What each peer takes: a linked snapshot goes as a linked transfer only to a follower
+    /// that said it takes one.
+    formats: Arc<PeerFormats>,
 }
 
 impl Network {
     /// `http` is the node's peer client ([`crate::tls::peer_client`]): pooled, and trusting
     /// the cluster's CA for `https://` peers.
-    pub fn new(http: reqwest::Client, secret: Arc<str>, decode_limit: u64) -> Self {
+    pub fn new(
+        http: reqwest::Client,
+        secret: Arc<str>,
+        decode_limit: u64,
+        formats: Arc<PeerFormats>,
+    ) -> Self {
         Network {
             http,
             secret,
             decode_limit,
+            formats,
         }
     }
 }
+
+/// Whether a follower that said `formats` (`None`: not heard from) takes a linked transfer.
+pub fn takes_linked(formats: Option<Formats>) -> bool {
+    formats.is_some_and(|f| f.snapshots >= LINKED_TRANSFER)
+}
+
+/// The snapshot transfer format of a linked transfer (`store::transfer::RECEIVES`).
+pub const LINKED_TRANSFER: u32 = 4;
 
 /// A connection to one peer.
 pub struct Peer {
@@ -217,6 +237,20 @@ impl Peer {
         self.answer(&bytes)
     }
 
+    /// What the peer takes, as it last said in its `/raft/status`; asked now when it was not
+    /// heard from yet (it, or this node, has just started), so that the form a snapshot goes
+    /// in does not depend on when the once-a-second reading last reached it.
+    async fn formats(&self) -> Option<Formats> {
+        if let Some(formats) = self.net.formats.get(self.target) {
+            return Some(formats);
+        }
+        let status =
+            peer_status(&self.net.http, &self.net.secret, &self.url, STATUS_TIMEOUT).await?;
+        let formats = Formats::from_status(&status);
+        self.net.formats.record(self.target, formats);
+        Some(formats)
+    }
+
     async fn send_snapshot(
         &self,
         vote: Vote,
@@ -229,9 +263,10 @@ impl Peer {
         .frame()
         .map_err(network_err)?;
         let prefix = Ok::<_, std::io::Error>(bytes::Bytes::from(prefix));
+        let linked = takes_linked(self.formats().await);
         let chunks = futures::StreamExt::chain(
             futures::stream::once(futures::future::ready(prefix)),
-            snapshot.snapshot.into_stream(),
+            snapshot.snapshot.for_peer(linked),
         );
         let bytes = self
             .post(

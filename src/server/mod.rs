@@ -27,6 +27,7 @@ use crate::node::{AppState, Node, Parts};
 use crate::peer::PeerState;
 use crate::proposer::{Proposer, ProposerLimits};
 use crate::raft::network::Network;
+use crate::raft::PeerFormats;
 use crate::store::{self, DataDir, LogStore, Raft, SmShared, StateMachineStore};
 use store_check::open_store;
 use tasks::Tasks;
@@ -70,10 +71,12 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     sm.attach_log(Arc::new(log_store.for_records()));
     let log_durable = log_store.durable();
     let committed = log_store.committed_index();
+    let formats = Arc::new(PeerFormats::default());
     let network = Network::new(
         settings.peer_http.clone(),
         settings.cluster_secret.clone().into(),
         settings.raft_body_limit as u64,
+        formats.clone(),
     );
     let raft_config = crate::raft::config(
         &settings.cluster_id,
@@ -104,6 +107,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     );
     let node: AppState = Arc::new(Node::new(Parts {
         settings: settings.clone(),
+        formats,
         raft: raft.clone(),
         sm: sm.clone(),
         proposer,

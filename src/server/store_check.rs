@@ -80,7 +80,11 @@ pub(super) async fn open_store(settings: &Settings, datadir: &DataDir) -> anyhow
                         // A full disk, permissions: nothing says the data is bad.
                         Err(e) => anyhow::bail!("cannot open the Raft log: {e}"),
                         Ok(log) => {
-                            let points = store::records::check_log_holds(&db, log.first_index());
+                            let archived = store::snapshot::archived(&datadir.snapshot_dir())
+                                .map_err(|e| e.to_string());
+                            let points = archived.and_then(|archived| {
+                                store::records::check_log_holds(&db, log.first_index(), archived)
+                            });
                             let lost = match (points, &marker) {
                                 // Records point into entries the log lost.
                                 (Err(what), _) => Some(format!("its records are missing: {what}")),

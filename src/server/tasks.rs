@@ -190,10 +190,8 @@ impl Tasks {
         if let Some(wall_us) = v["wall_us"].as_u64() {
             self.clock.record_reading(id, wall_us, sent, Instant::now());
         }
-        let format = v["command_format"]
-            .as_u64()
-            .and_then(|f| u32::try_from(f).ok());
-        self.node.record_command_format(id, format);
+        let formats = crate::raft::Formats::from_status(&v);
+        self.node.record_formats(id, formats);
     }
 
     /// Logs, at info, every change of leader or term and of the members as this node sees

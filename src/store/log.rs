@@ -639,6 +639,10 @@ impl super::records::Entries for LogEntries {
             .map(|_| ())
             .map_err(|e| format!("linking log entries {first} to {last}: {e}"))
     }
+
+    fn first_stored(&self) -> Option<u64> {
+        lock(&self.segments).first_index()
+    }
 }
 
 impl LogStore {

@@ -25,6 +25,7 @@ pub mod segments;
 pub mod sm;
 pub mod snapshot;
 pub mod subs;
+pub mod transfer;
 pub mod values;
 pub mod watermark;
 

@@ -84,6 +84,93 @@ pub trait Entries: EntrySource + Send + Sync {
     /// `first..=last`, all of them durable: hard links to the log's own files, so a snapshot
     /// holds the records it points at without a copy. The caller syncs `into`.
     fn link_segments(&self, first: u64, last: u64, into: &std::path::Path) -> Result<(), String>;
+
+    /// The first entry the log's files hold, if any.
+    fn first_stored(&self) -> Option<u64>;
+}
+
+/// The entries records point into, wherever they are: the Raft log, and the record files of
+/// the current snapshot. A follower that installed a snapshot holds there the entries its
+/// records point into and its log does not (`store::transfer`); a node's own later snapshot
+/// links them again, so they stay until retention lets them go. The snapshot's files are
+/// opened (every frame checked) only when an entry is not in the log.
+pub struct Sources<'a> {
+    pub log: &'a dyn Entries,
+    pub archive: Option<&'a Archive>,
+}
+
+/// A snapshot's record files, opened on first use.
+pub struct Archive {
+    /// The directory, and the last entry read from it (the snapshot's index).
+    dir: std::path::PathBuf,
+    through: u64,
+    opened: std::sync::OnceLock<Result<SegmentEntries, String>>,
+}
+
+impl Archive {
+    pub fn new(dir: std::path::PathBuf, through: u64) -> Archive {
+        Archive {
+            dir,
+            through,
+            opened: std::sync::OnceLock::new(),
+        }
+    }
+
+    fn open(&self) -> Result<&SegmentEntries, String> {
+        self.opened
+            .get_or_init(|| {
+                super::segments::SegmentLog::open_read_only(&self.dir, self.through)
+                    .map(SegmentEntries)
+                    .map_err(|e| format!("the current snapshot's record files: {e}"))
+            })
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+}
+
+impl EntrySource for Sources<'_> {
+    fn entry(&self, index: u64) -> Result<Entry, String> {
+        match self.log.entry(index) {
+            Ok(entry) => Ok(entry),
+            // The snapshot's files hold committed entries only, the same as any log's.
+            Err(in_log) => match self.archive {
+                Some(archive) if index <= archive.through => archive
+                    .open()
+                    .and_then(|files| files.entry(index))
+                    .map_err(|e| format!("{in_log}; {e}")),
+                _ => Err(in_log),
+            },
+        }
+    }
+}
+
+impl Entries for Sources<'_> {
+    fn keep_from(&self, index: u64) {
+        self.log.keep_from(index);
+    }
+
+    /// The entries the log's files hold are linked from them; those before, from the current
+    /// snapshot's record files (a follower's, after an install).
+    fn link_segments(&self, first: u64, last: u64, into: &std::path::Path) -> Result<(), String> {
+        let stored = self.log.first_stored();
+        let Some(archive) = self.archive.filter(|_| stored.is_none_or(|f| f > first)) else {
+            return self.log.link_segments(first, last, into);
+        };
+        let before_log = stored.map_or(last, |f| (f - 1).min(last));
+        archive
+            .open()?
+            .0
+            .link_or_copy(first, before_log, into)
+            .map_err(|e| format!("linking entries {first} to {before_log}: {e}"))?;
+        if before_log < last {
+            self.log.link_segments(before_log + 1, last, into)?;
+        }
+        Ok(())
+    }
+
+    fn first_stored(&self) -> Option<u64> {
+        self.log.first_stored()
+    }
 }
 
 /// The entries in a directory of segment files (a snapshot's linked ones), up to an index.
@@ -197,10 +284,15 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// Whether the log, which starts at `log_first` (none: empty), holds the entry the first record
-/// of each topic points into. At start-up: records only ever go from the front of a topic, so
-/// a log that lacks one of these lost entries the state machine needs.
-pub(crate) fn check_log_holds(db: &rocksdb::DB, log_first: Option<u64>) -> Result<(), String> {
+/// Whether the log, which starts at `log_first` (none: empty), or the current snapshot's
+/// record files, which hold `archive` (first and last entry; none: it has none), hold the entry
+/// the first record of each topic points into. At start-up: records only ever go from the front
+/// of a topic, so a log that lacks one of these lost entries the state machine needs.
+pub(crate) fn check_log_holds(
+    db: &rocksdb::DB,
+    log_first: Option<u64>,
+    archive: Option<(u64, u64)>,
+) -> Result<(), String> {
     use crate::state::TopicMeta;
     let cf = db
         .cf_handle(super::CF_SM)
@@ -232,7 +324,8 @@ pub(crate) fn check_log_holds(db: &rocksdb::DB, log_first: Option<u64>) -> Resul
         };
         if let Stored::At(value) = decode(&bytes)? {
             let index = value.at.index;
-            if log_first.is_none_or(|first| index < first) {
+            let archived = archive.is_some_and(|(first, last)| (first..=last).contains(&index));
+            if !archived && log_first.is_none_or(|first| index < first) {
                 return Err(format!(
                     "record {} of topic {:?} points into log entry {index}, which the log no \
                      longer holds (it starts at {})",

@@ -368,6 +368,49 @@ impl SegmentLog {
         Ok(linked)
     }
 
+    /// [`link_range`](Self::link_range), except that a file holding entries after `last` is
+    /// not linked but copied up to `last`, into a new file of its own name, synced: so that
+    /// files linked after these, from another log, start right after `last` (a follower's
+    /// record files received with a snapshot end where its own log may already hold entries).
+    /// At most one file is copied.
+    pub fn link_or_copy(&self, first: u64, last: u64, into: &Path) -> Result<usize, SegmentError> {
+        let straddles = self
+            .segments
+            .iter()
+            .find(|s| s.first <= last && s.last().is_some_and(|l| l > last));
+        let Some(seg) = straddles else {
+            return self.link_range(first, last, into);
+        };
+        let (seg_first, linked) = match seg.first.checked_sub(1).filter(|l| *l >= first) {
+            Some(before) => (seg.first, self.link_range(first, before, into)?),
+            None => (first.max(seg.first), 0),
+        };
+        // Copied from its first entry, or from `first` when that is later.
+        let path = into.join(file_name(seg_first));
+        let io = io_at(&path);
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(&io)?;
+        let mut out = io::BufWriter::new(&mut file);
+        out.write_all(MAGIC).map_err(&io)?;
+        for index in seg_first..=last {
+            let payload = self.read(index)?.ok_or_else(|| SegmentError::Io {
+                path: self.dir.clone(),
+                source: io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!("entry {index} is not in the log, so it cannot be copied"),
+                ),
+            })?;
+            out.write_all(&frame(index, &payload)?).map_err(&io)?;
+        }
+        out.flush().map_err(&io)?;
+        drop(out);
+        file.sync_all().map_err(&io)?;
+        Ok(linked + 1)
+    }
+
     /// A segment at `path` starting at `first` must start right after the last one opened.
     fn check_follows(&self, first: u64, path: &Path) -> Result<(), SegmentError> {
         match self.last_index().filter(|prev| first != prev + 1) {

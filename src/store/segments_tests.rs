@@ -310,3 +310,57 @@ fn a_power_loss_keeps_every_synced_entry() {
     assert_holds(&log, 1..=log.last_index().expect("entries"));
     disk.unmount().expect("unmount");
 }
+
+/// Linking up to an entry in the middle of a segment copies that segment's entries up to it
+/// into a file of its own (and links the ones before), so that another log's files from the
+/// next entry on follow without overlap: the directory reads as one contiguous log. Up to the
+/// end of a segment, nothing is copied.
+#[test]
+fn link_or_copy_ends_exactly_where_asked() {
+    let (a, b, into) = (
+        tempfile::tempdir().expect("tempdir"),
+        tempfile::tempdir().expect("tempdir"),
+        tempfile::tempdir().expect("tempdir"),
+    );
+    let (mut first, _) = open(a.path(), 0).expect("open");
+    fill(&mut first, 1..=30);
+    let firsts = segment_firsts(a.path()).expect("firsts");
+    assert!(firsts.len() >= 3, "{firsts:?}");
+    // An entry inside the second segment.
+    let cut = firsts[1] + 1;
+    assert!(cut < firsts[2] - 1, "{firsts:?}");
+    let (mut second, _) = open(b.path(), 0).expect("open");
+    fill(&mut second, cut + 1..=40);
+    first
+        .link_or_copy(2, cut, into.path())
+        .expect("link or copy");
+    second
+        .link_range(cut + 1, 40, into.path())
+        .expect("link the rest");
+    let linked = SegmentLog::open_read_only(into.path(), 40).expect("contiguous");
+    assert_holds(&linked, 1..=40);
+    // The first segment is the log's own file; the second a copy, cut at `cut`.
+    use std::os::unix::fs::MetadataExt;
+    let ino = |p: PathBuf| fs::metadata(p).expect("metadata").ino();
+    let name = |first: u64| PathBuf::from(file_name(first));
+    assert_eq!(
+        ino(into.path().join(name(firsts[0]))),
+        ino(a.path().join(name(firsts[0])))
+    );
+    assert_ne!(
+        ino(into.path().join(name(firsts[1]))),
+        ino(a.path().join(name(firsts[1])))
+    );
+    // Up to a segment's last entry: links only.
+    let whole = tempfile::tempdir().expect("tempdir");
+    let linked = first
+        .link_or_copy(1, firsts[2] - 1, whole.path())
+        .expect("link");
+    assert_eq!(linked, 2);
+    let inodes: Vec<u64> = segment_files(whole.path()).into_iter().map(ino).collect();
+    let own: Vec<u64> = firsts[..2]
+        .iter()
+        .map(|f| ino(a.path().join(name(*f))))
+        .collect();
+    assert_eq!(inodes, own);
+}

@@ -62,6 +62,21 @@ pub struct SmShared {
     /// The Raft log, which holds the bytes of published records (`records`). Until it is
     /// attached, records are stored whole.
     log: OnceLock<Arc<dyn Entries>>,
+    /// The current snapshot's record files, when it is linked: where records point that the
+    /// log does not hold (a follower's, after it installed a snapshot). Opened on first use.
+    archive: RwLock<Option<Arc<records::Archive>>>,
+}
+
+/// The index a snapshot holds the state as of.
+fn snapshot_index(meta: &snapshot::FileMeta) -> u64 {
+    meta.last_log_id.as_ref().map_or(0, |l| l.index)
+}
+
+/// The record files of the linked snapshot at `path`, as of index `through`, if it has any.
+fn archive_of(path: &std::path::Path, through: u64) -> Option<Arc<records::Archive>> {
+    let dir = snapshot::linked_dir(path);
+    dir.is_dir()
+        .then(|| Arc::new(records::Archive::new(dir, through)))
 }
 
 /// The in-memory counters of [`SmState`] that are persisted under `m:state`.
@@ -145,6 +160,9 @@ impl SmShared {
             let bytes = std::fs::metadata(&path)?.len();
             current = Some(CurrentSnapshot { meta, path, bytes });
         }
+        let archive = current
+            .as_ref()
+            .and_then(|c| archive_of(&c.path, snapshot_index(&c.meta)));
         let split = subs::upgrade(&db).map_err(|e| anyhow::anyhow!("{e}"))?;
         if split > 0 {
             tracing::info!(
@@ -165,6 +183,7 @@ impl SmShared {
             load_batch_bytes: AtomicU64::new(snapshot::LOAD_BATCH_BYTES as u64),
             snapshot_mark: AtomicU64::new(0),
             log: OnceLock::new(),
+            archive: RwLock::new(archive),
         }))
     }
 
@@ -178,8 +197,24 @@ impl SmShared {
         self.log.get().map(|l| l.as_ref())
     }
 
-    fn entry_source(&self) -> Option<&dyn records::EntrySource> {
-        self.log().map(|l| l as &dyn records::EntrySource)
+    /// The current snapshot's record files, if it is linked.
+    fn archive(&self) -> Option<Arc<records::Archive>> {
+        self.archive
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Where records are read from: the log, then the current snapshot's record files
+    /// (`archive`, from [`SmShared::archive`]). `None` without a log.
+    fn sources<'a>(
+        &'a self,
+        archive: &'a Option<Arc<records::Archive>>,
+    ) -> Option<records::Sources<'a>> {
+        self.log().map(|log| records::Sources {
+            log,
+            archive: archive.as_deref(),
+        })
     }
 
     /// A read view of the applied state. Hold it briefly: apply waits for it.
@@ -202,8 +237,7 @@ impl SmShared {
             .current_snapshot
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        cur.as_ref()
-            .map(|c| (c.meta.last_log_id.as_ref().map_or(0, |l| l.index), c.bytes))
+        cur.as_ref().map(|c| (snapshot_index(&c.meta), c.bytes))
     }
 
     /// Reads stored records of `topic` at `offsets`: at most `max` records and, after the
@@ -218,7 +252,9 @@ impl SmShared {
         let std::ops::Range { start: from, end } = offsets;
         let cf = self.db.cf_handle(CF_SM).ok_or("column family sm missing")?;
         let start = keys::record(topic.id, from);
-        let reader = records::Reader::new(self.entry_source());
+        let archive = self.archive();
+        let sources = self.sources(&archive);
+        let reader = records::Reader::new(sources.as_ref().map(|s| s as &dyn records::EntrySource));
         let mut out = Vec::new();
         let mut bytes = 0u64;
         for item in self
@@ -247,7 +283,7 @@ impl SmShared {
     /// A storage fault met while applying (a record that cannot be read) fails the whole call:
     /// nothing is written, the in-memory view is reloaded from what RocksDB holds (so no reader
     /// sees a half-applied state), and the error stops Raft, which stops the node.
-    pub(super) fn apply_blocking(&self, entries: Vec<Entry>) -> StorageResult<Vec<ApplyResponse>> {
+    pub(crate) fn apply_blocking(&self, entries: Vec<Entry>) -> StorageResult<Vec<ApplyResponse>> {
         let mut view = self.view_mut();
         let result = self.apply_locked(&mut view, entries);
         if let Err(e) = &result {
@@ -274,9 +310,11 @@ impl SmShared {
         let mut writes = Vec::new();
         let mut responses = Vec::with_capacity(entries.len());
         let mut membership_changed = false;
+        let archive = self.archive();
+        let sources = self.sources(&archive);
         let source = DbRecords {
             db: &self.db,
-            reader: records::Reader::new(self.entry_source()),
+            reader: records::Reader::new(sources.as_ref().map(|s| s as &dyn records::EntrySource)),
             entries: &entries,
         };
         for entry in &entries {
@@ -441,6 +479,16 @@ impl SmShared {
         Ok(responses)
     }
 
+    /// The database, for tests that look at what is stored.
+    #[cfg(test)]
+    pub(crate) fn db_handle(&self) -> Arc<DB> {
+        self.db.clone()
+    }
+
+    fn set_archive(&self, archive: Option<Arc<records::Archive>>) {
+        *self.archive.write().unwrap_or_else(|p| p.into_inner()) = archive;
+    }
+
     /// Replaces the whole state with the snapshot at `path`. The view lock is held across
     /// the load and the reload, so readers never see memory and disk disagree.
     fn load_snapshot(&self, path: &std::path::Path) -> Result<(), snapshot::SnapshotError> {
@@ -449,6 +497,10 @@ impl SmShared {
         snapshot::load_into_with(&self.db, path, batch_bytes)?;
         *view = load_view(&self.db).map_err(|e| snapshot::SnapshotError::Corrupt(e.to_string()))?;
         let applied = view.last_applied.map_or(0, |l| l.index);
+        // Its records are whole, or in its record files (a linked transfer), which are read
+        // from now on where the log lacks an entry: swapped under the view lock with the
+        // state, so no reader pairs the new state with the old files.
+        self.set_archive(archive_of(path, applied));
         drop(view);
         self.applied_tx.send_replace(applied);
         Ok(())
@@ -488,7 +540,9 @@ impl SmShared {
             Ok(())
         };
         let mut whole = subs::Whole::default();
-        let reader = records::Reader::new(self.entry_source());
+        let archive = self.archive();
+        let sources = self.sources(&archive);
+        let reader = records::Reader::new(sources.as_ref().map(|s| s as &dyn records::EntrySource));
         for item in self.db.iterator_cf_opt(cf, opts, IteratorMode::Start) {
             let (k, v) = item.map_err(|e| e.to_string())?;
             whole.push(&k, &reader.whole(&k, &v)?, &mut fold)?;
@@ -512,12 +566,14 @@ impl SmShared {
             let _whole = self.view();
             self.db.snapshot()
         };
+        let archive = self.archive();
+        let sources = self.sources(&archive);
         let built = snapshot::build_from(
             &self.db,
             &view,
             &self.snapshot_dir,
             snapshot_id_suffix(),
-            self.log(),
+            sources.as_ref().map(|s| s as &dyn Entries),
         )
         .map_err(to_io)?;
         drop(view);
@@ -537,7 +593,7 @@ impl SmShared {
         // go of the entries below it. Not before the flush: until then, the state on disk may
         // be an older one that points further back.
         if let Some(log) = self.log() {
-            let applied = meta.last_log_id.as_ref().map_or(0, |l| l.index);
+            let applied = snapshot_index(&meta);
             log.keep_from(lowest.unwrap_or(applied + 1));
         }
         let (meta, path) = self.adopt_built(meta, path, bytes);
@@ -588,25 +644,43 @@ impl SmShared {
             path: path.clone(),
             bytes,
         });
+        self.set_archive(archive_of(&path, snapshot_index(&meta)));
         snapshot::remove_others(&self.snapshot_dir, &path);
         (meta, path)
     }
 
     /// Stores a received snapshot durably, checks it is the one announced, and replaces the
     /// state machine with it; blocking.
-    fn install_blocking(&self, src: &mut std::fs::File, want: &SnapshotMeta) -> StorageResult<()> {
+    pub(crate) fn install_blocking(
+        &self,
+        src: &mut std::fs::File,
+        want: &SnapshotMeta,
+    ) -> StorageResult<()> {
         let started = std::time::Instant::now();
         let fail = |e: snapshot::SnapshotError| to_io(e);
         let fault = |e: std::io::Error| to_io(e);
         src.sync_all().map_err(fault)?;
-        let (got, path) = snapshot::store_received(src, &self.snapshot_dir, want).map_err(fail)?;
+        let linked = super::transfer::is_transfer(src).map_err(fault)?;
+        let (got, path) = match linked {
+            true => super::transfer::store_received(src, &self.snapshot_dir, want),
+            false => snapshot::store_received(src, &self.snapshot_dir, want),
+        }
+        .map_err(fail)?;
+        if linked {
+            tracing::info!(
+                snapshot = %got.snapshot_id,
+                "received a linked snapshot: the log entries its records point into are its \
+                 record files, and no record is copied into the state machine"
+            );
+        }
         super::faults::point(super::faults::INSTALL_STORED).map_err(fault)?;
         let bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
         self.load_snapshot(&path).map_err(fail)?;
-        // The loaded state holds records whole (load_into's writes are durable once it
-        // returns), and records appended from now on point past the snapshot.
+        // The loaded state holds records whole or in the snapshot's record files (load_into's
+        // writes are durable once it returns), and records appended from now on point past
+        // the snapshot.
         if let Some(log) = self.log() {
-            log.keep_from(got.last_log_id.as_ref().map_or(0, |l| l.index) + 1);
+            log.keep_from(snapshot_index(&got) + 1);
         }
         log_snapshot("installed", &got, bytes, started);
         metrics::histogram!("raftq_snapshot_install_seconds")
@@ -814,7 +888,10 @@ impl StateMachineStore {
         file.read_exact(&mut head).await?;
         file.rewind().await?;
         let snapshot = match head[8..12] == snapshot::LINKED_VERSION.to_le_bytes() {
-            true => SnapshotData::Stream(snapshot::whole_stream(path)),
+            true => SnapshotData::Linked {
+                whole: snapshot::whole_stream(path.clone()),
+                transfer: super::transfer::stream(path),
+            },
             false => SnapshotData::File(file),
         };
         Ok(Snapshot {
@@ -883,7 +960,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let want = meta.clone();
         let (file, spooled) = match snapshot {
             SnapshotData::File(file) => (file, None),
-            SnapshotData::Stream(mut chunks) => {
+            chunks @ (SnapshotData::Stream(_) | SnapshotData::Linked { .. }) => {
+                let mut chunks = chunks.into_stream();
                 // Made by a node's own state machine, not received: written to a file first.
                 use futures::StreamExt;
                 use tokio::io::{AsyncSeekExt, AsyncWriteExt};

@@ -301,7 +301,7 @@ fn an_unreadable_record_fails_the_apply_and_changes_nothing() {
 
 impl SmShared {
     /// Loads snapshots in batches of `bytes` (tests: many batches from a small state).
-    fn set_load_batch_bytes(&self, bytes: usize) {
+    pub(crate) fn set_load_batch_bytes(&self, bytes: usize) {
         self.load_batch_bytes.store(bytes as u64, Ordering::Relaxed);
     }
 }
@@ -699,6 +699,10 @@ impl Entries for MemLog {
         }
         log.sync().map_err(|e| e.to_string())
     }
+
+    fn first_stored(&self) -> Option<u64> {
+        self.entries.lock().expect("lock").keys().next().copied()
+    }
 }
 
 /// The pairs a snapshot file holds.
@@ -796,7 +800,12 @@ fn published_records_are_stored_as_their_place_in_the_log() {
         "the lowest entry pointed into"
     );
 
+    // An entry the log lost is read from the snapshot's record files, which hold it; with
+    // those gone too, the read fails and names it.
     log.entries.lock().expect("lock").remove(&3);
+    let (_, linked) = snapshot::verify_file(&logged_snapshot).expect("verify");
+    assert_eq!(linked.linked, Some((2, 3)));
+    std::fs::remove_dir_all(snapshot::linked_dir(&logged_snapshot)).expect("remove the files");
     let err = logged
         .read_records(&topic, 2..4, 10, 1 << 20)
         .expect_err("entry 3 is gone");
@@ -943,17 +952,17 @@ fn start_up_finds_a_log_that_lost_what_records_point_into() {
             entry(2, vec![publish(0)]),
         ])
         .expect("apply");
-    assert_eq!(records::check_log_holds(&db, None), Ok(()));
+    assert_eq!(records::check_log_holds(&db, None, None), Ok(()));
 
     let (_dir, db, shared) = fresh_node();
     let log = Arc::new(MemLog::default());
     shared.attach_log(log.clone());
     let entries = vec![entry(1, vec![create_topic_t()]), entry(2, vec![publish(0)])];
     shared.apply_blocking(entries).expect("apply");
-    assert_eq!(records::check_log_holds(&db, Some(1)), Ok(()));
-    assert_eq!(records::check_log_holds(&db, Some(2)), Ok(()));
+    assert_eq!(records::check_log_holds(&db, Some(1), None), Ok(()));
+    assert_eq!(records::check_log_holds(&db, Some(2), None), Ok(()));
     for lost in [Some(3), None] {
-        let err = records::check_log_holds(&db, lost).expect_err("entry 2 is gone");
+        let err = records::check_log_holds(&db, lost, None).expect_err("entry 2 is gone");
         assert!(err.contains("log entry 2"), "{err}");
     }
 }

@@ -127,13 +127,13 @@ impl<R: Read> Read for CrcReader<R> {
     }
 }
 
-fn read_u32(r: &mut impl Read) -> io::Result<u32> {
+pub(crate) fn read_u32(r: &mut impl Read) -> io::Result<u32> {
     let mut b = [0u8; 4];
     r.read_exact(&mut b)?;
     Ok(u32::from_le_bytes(b))
 }
 
-fn read_u64(r: &mut impl Read) -> io::Result<u64> {
+pub(crate) fn read_u64(r: &mut impl Read) -> io::Result<u64> {
     let mut b = [0u8; 8];
     r.read_exact(&mut b)?;
     Ok(u64::from_le_bytes(b))
@@ -555,7 +555,7 @@ pub fn write_whole(path: &Path, out: impl Write) -> Result<(FileMeta, u64), Snap
 const STREAM_CHUNK: usize = 1 << 20;
 
 /// A writer that sends what it is given, in chunks, to a channel.
-struct ChannelWriter {
+pub struct ChannelWriter {
     tx: tokio::sync::mpsc::Sender<io::Result<bytes::Bytes>>,
     buf: Vec<u8>,
 }
@@ -592,14 +592,25 @@ impl Write for ChannelWriter {
 pub fn whole_stream(
     path: PathBuf,
 ) -> futures::stream::BoxStream<'static, io::Result<bytes::Bytes>> {
+    stream_on_a_thread(path, |path, out| write_whole(path, out).map(|_| ()))
+}
+
+/// What `write(path, out)` writes, made on a blocking thread as the stream is read; nothing is
+/// written before the stream is first polled (openraft drops the snapshot a build returns
+/// unread). A failure ends the stream with the error.
+pub fn stream_on_a_thread(
+    path: PathBuf,
+    write: fn(&Path, ChannelWriter) -> Result<(), SnapshotError>,
+) -> futures::stream::BoxStream<'static, io::Result<bytes::Bytes>> {
     use futures::StreamExt;
-    futures::stream::once(async move { expand_on_a_thread(path) })
+    futures::stream::once(async move { on_a_thread(path, write) })
         .flatten()
         .boxed()
 }
 
-fn expand_on_a_thread(
+fn on_a_thread(
     path: PathBuf,
+    write: fn(&Path, ChannelWriter) -> Result<(), SnapshotError>,
 ) -> futures::stream::BoxStream<'static, io::Result<bytes::Bytes>> {
     use futures::StreamExt;
     let (tx, rx) = tokio::sync::mpsc::channel(2);
@@ -608,9 +619,9 @@ fn expand_on_a_thread(
             tx: tx.clone(),
             buf: Vec::with_capacity(STREAM_CHUNK),
         };
-        if let Err(e) = write_whole(&path, out) {
+        if let Err(e) = write(&path, out) {
             if !tx.is_closed() {
-                tracing::warn!(snapshot = %path.display(), "a snapshot could not be read whole: {e}");
+                tracing::warn!(snapshot = %path.display(), "a snapshot could not be sent: {e}");
                 let _ = tx.blocking_send(Err(io::Error::other(e.to_string())));
             }
         }
@@ -807,6 +818,16 @@ pub fn newest(dir: &Path) -> Result<Option<(FileMeta, PathBuf)>, SnapshotError> 
         }
     }
     Ok(best)
+}
+
+/// The entries the newest snapshot in `dir` holds in its record files (first and last), when
+/// it is linked and has them.
+pub fn archived(dir: &Path) -> Result<Option<(u64, u64)>, SnapshotError> {
+    let Some((_, path)) = newest(dir)? else {
+        return Ok(None);
+    };
+    let (_, trailer) = verify_file(&path)?;
+    Ok(trailer.linked.filter(|_| linked_dir(&path).is_dir()))
 }
 
 /// Removes every snapshot in `dir` except `keep` (and its linked segment files).
