@@ -659,7 +659,9 @@ impl SmShared {
         let started = std::time::Instant::now();
         let fail = |e: snapshot::SnapshotError| to_io(e);
         let fault = |e: std::io::Error| to_io(e);
-        src.sync_all().map_err(fault)?;
+        // `src` is the received body, read here and removed after: what is kept is the copy
+        // stored below, synced on its own. Not synced, the body's pages are dropped with the
+        // file instead of written out, so the record bytes reach this node's disk once.
         let linked = super::transfer::is_transfer(src).map_err(fault)?;
         let (got, path) = match linked {
             true => super::transfer::store_received(src, &self.snapshot_dir, want),
