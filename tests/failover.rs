@@ -271,3 +271,33 @@ fn history_checker_sees_every_kind_of_violation() {
         "{violations:?}"
     );
 }
+
+/// A node that is behind never says a topic does not exist: a follower that was down while a
+/// topic was created, started again alone (so no leader can be elected and it hears nothing),
+/// sends a read of that topic to the leader it knew, or answers 503 `no_leader`, both of which
+/// clients follow or retry; never 404.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_missed_a_topic_does_not_say_it_does_not_exist() {
+    let c = Cluster::start(3).await;
+    let lagging = c.follower_id().await;
+    c.kill(lagging);
+    c.create_topic("missed").await;
+    c.kill_all();
+    c.restart(lagging).await;
+    let resp = c
+        .http()
+        .get(format!(
+            "{}/v1/topics/missed/records?from=first",
+            c.url(lagging)
+        ))
+        .send()
+        .await
+        .unwrap_or_else(|e| c.fail(&format!("read: {e}")));
+    let status = resp.status().as_u16();
+    let body = resp.text().await.unwrap_or_default();
+    // It still believes in the leader it voted for (a 307 there, which fails to connect and
+    // is retried), or, once that belief has timed out, knows none (503).
+    let sent_on = matches!((status, body.contains("\"not_leader\"")), (307, true))
+        || matches!((status, body.contains("\"no_leader\"")), (503, true));
+    assert!(sent_on, "the read was answered {status}: {body}");
+}

@@ -592,6 +592,14 @@ pub async fn read(
     let p = read_params(&raw)?;
     if !exists(&node, &topic, p.subscription.as_deref()) {
         catch_up(&node).await;
+        // Only the leader says "does not exist": a node that is behind (one that missed all
+        // its leader wrote before the leader died, say) cannot tell a topic that is not there
+        // from one it has not heard of. It sends the read to the leader, or, with none known,
+        // answers 503 `no_leader`, which a client retries.
+        if !exists(&node, &topic, p.subscription.as_deref()) {
+            node.check_leader()
+                .map_err(|e| super::write_error(e, &uri))?;
+        }
     }
     let deadline = tokio::time::Instant::now() + p.wait;
     let mut applied = node.applied_changes();
