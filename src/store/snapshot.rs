@@ -646,17 +646,7 @@ pub fn store_received(
     src.seek(io::SeekFrom::Start(0))?;
     let (meta, trailer) = read_file(&mut *src, |_, _| Ok(()))?;
     refuse_linked(&trailer)?;
-    if meta.raft_meta() != *want {
-        return Err(SnapshotError::Corrupt(format!(
-            "received snapshot {} holds up to {:?} with membership {:?}, but was announced as \
-             up to {:?} with membership {:?}",
-            meta.snapshot_id,
-            meta.last_log_id,
-            meta.last_membership,
-            want.last_log_id,
-            want.last_membership
-        )));
-    }
+    check_announced(&meta, want)?;
     let name = file_name(&meta);
     let tmp = dir.join(format!("{name}.tmp"));
     src.seek(io::SeekFrom::Start(0))?;
@@ -685,6 +675,22 @@ pub fn store_received(
     faults::point(faults::RECEIVE_RENAMED)?;
     sync_dir(dir)?;
     Ok((meta, path))
+}
+
+/// A received snapshot must be the one announced (`want`: its last log id and membership).
+pub fn check_announced(meta: &FileMeta, want: &SnapshotMeta) -> Result<(), SnapshotError> {
+    if meta.raft_meta() == *want {
+        return Ok(());
+    }
+    Err(SnapshotError::Corrupt(format!(
+        "received snapshot {} holds up to {:?} with membership {:?}, but was announced as up to \
+         {:?} with membership {:?}",
+        meta.snapshot_id,
+        meta.last_log_id,
+        meta.last_membership,
+        want.last_log_id,
+        want.last_membership
+    )))
 }
 
 /// Bytes of key/value pairs written to RocksDB in one batch while loading a snapshot: memory

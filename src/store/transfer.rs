@@ -149,17 +149,7 @@ pub fn store_received(
                 "a linked transfer must carry a linked snapshot file".into(),
             ));
         }
-        if meta.raft_meta() != *want {
-            return Err(SnapshotError::Corrupt(format!(
-                "received snapshot {} holds up to {:?} with membership {:?}, but was announced \
-                 as up to {:?} with membership {:?}",
-                meta.snapshot_id,
-                meta.last_log_id,
-                meta.last_membership,
-                want.last_log_id,
-                want.last_membership
-            )));
-        }
+        snapshot::check_announced(&meta, want)?;
         let path = dir.join(snapshot::file_name(&meta));
         let records = snapshot::linked_dir(&path);
         // The same snapshot stored before (sent again): a file with its final name was renamed
