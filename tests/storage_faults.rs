@@ -125,9 +125,13 @@ fn vote_in(payload: &[u8]) -> Option<raftq::raft::Vote> {
     raftq::store::values::decode(payload.get(at + 1..at + 1 + len)?).ok()
 }
 
-/// The newest segment file of a node's Raft log, and its size.
+/// The newest segment file of a node's Raft log, and how far its frames reach: a segment is
+/// preallocated, and what follows its last frame reads as zeros.
 fn newest_segment(data: &Path) -> (PathBuf, u64) {
-    newest(&data.join("log"), "seg")
+    let (path, _) = newest(&data.join("log"), "seg");
+    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let written = bytes.iter().rposition(|b| *b != 0).map_or(0, |at| at + 1);
+    (path, written as u64)
 }
 
 /// Flips the 8 bytes of `bytes` from `at` on.

@@ -67,6 +67,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         .context("starting the watermark thread")?;
     let log_store = LogStore::with_watermark(db.clone(), log, watermark.clone())
         .context("starting the log flusher thread")?;
+    log_store.sync_follower_appends_in_place(settings.id);
     // Published records are stored as where the log holds them from here on.
     sm.attach_log(Arc::new(log_store.for_records()));
     let log_durable = log_store.durable();

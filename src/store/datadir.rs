@@ -14,7 +14,10 @@ use serde::{Deserialize, Serialize};
 
 const IDENTITY_FILE: &str = "IDENTITY";
 const LOCK_FILE: &str = "LOCK";
-/// Layout version of the data directory. 7: the Raft log may hold batch publishes (records as
+/// Layout version of the data directory. 8: a segment file of the Raft log is preallocated
+/// whole, its frames followed by zeros (`store::segments`), which an older raftq takes for
+/// damage (nothing to change in a format 7 directory: its segments open as they are, and the
+/// one being appended to is given its full size). 7: the Raft log may hold batch publishes (records as
 /// the Kafka record batches clients send, `state::PublishBatch`), which an older raftq cannot
 /// read (nothing to change in a format 6 directory). 6: a published record is stored as where the Raft
 /// log holds it (`store::records`), and the log keeps the entries records point into (nothing
@@ -24,7 +27,7 @@ const LOCK_FILE: &str = "LOCK";
 /// one key each beside it (`store::subs`). 3: every stored value carries a format byte
 /// (`store::values`). 2: topics, subscriptions and producers are stored behind a format byte,
 /// with report counters (1 had neither; no release wrote it).
-pub const FORMAT_VERSION: u32 = 7;
+pub const FORMAT_VERSION: u32 = 8;
 /// The oldest layout this raftq upgrades: its `IDENTITY` is rewritten at once, before the
 /// database is opened (which upgrades the values; then the log's entries move into segment
 /// files, and the state machine's opening splits the subscriptions), so an older raftq refuses the directory from then on instead of misreading
@@ -308,13 +311,13 @@ mod tests {
         );
     }
 
-    /// A format 2 to 6 directory opens and is format 7 from then on; format 1, which no
+    /// A format 2 to 7 directory opens and is format 8 from then on; format 1, which no
     /// release wrote, is refused.
     #[test]
-    fn format_2_to_6_directories_are_upgraded_and_format_1_refused() {
+    fn format_2_to_7_directories_are_upgraded_and_format_1_refused() {
         let identity =
             |format: u32| format!("cluster_id = \"c\"\nnode_id = 1\nformat = {format}\n");
-        for format in [2, 3, 4, 5, 6] {
+        for format in [2, 3, 4, 5, 6, 7] {
             let tmp = tempfile::tempdir().unwrap();
             fs::write(tmp.path().join("IDENTITY"), identity(format)).unwrap();
             drop(DataDir::open(tmp.path(), "c", 1).unwrap());
@@ -322,7 +325,7 @@ mod tests {
                 toml::from_str(&fs::read_to_string(tmp.path().join("IDENTITY")).unwrap()).unwrap();
             assert_eq!(found.format, FORMAT_VERSION);
         }
-        assert_eq!(FORMAT_VERSION, 7);
+        assert_eq!(FORMAT_VERSION, 8);
 
         let old = tempfile::tempdir().unwrap();
         fs::write(old.path().join("IDENTITY"), identity(1)).unwrap();

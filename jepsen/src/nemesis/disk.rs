@@ -10,8 +10,9 @@
 //! (`log/NNNNNNNNNNNNNNNNNNNN.seg`), each the newest non-empty file of its kind by file number.
 //! A plan is one of six equally likely sets ([`Damage::plan`]): each kind alone, a segment
 //! with the write-ahead log or with the table file, or the write-ahead log with the table file.
-//! A file is damaged by a few bytes flipped at a random point in its first 90 %, or by being
-//! cut to a random length.
+//! A file is damaged by a few bytes flipped at a random point in the first 90 % of what was
+//! written of it, or by being cut to a random length of that (a segment is preallocated whole,
+//! and the zeros after its last frame are no data to damage).
 //! A kind with no non-empty file is replaced by another kind ([`damage`]), so a node without
 //! segments (a build that keeps its Raft log in RocksDB) still has its store damaged. After
 //! the hold the node is started and watched
@@ -240,8 +241,8 @@ pub struct SlowFsyncOutcome {
     pub fsyncs_before: u64,
 }
 
-/// The newest non-empty file with `extension` (by its number) under `dir`, with its size;
-/// `None` when there is none, or no `dir` at all (a build that keeps no segments has no `log/`).
+/// The newest non-empty file with `extension` (by its number) under `dir`, with its written
+/// length ([`written_len`]); `None` when there is none, or no `dir` at all (a build that keeps no segments has no `log/`).
 fn newest(dir: &Path, extension: &str) -> anyhow::Result<Option<(PathBuf, u64)>> {
     let entries = match std::fs::read_dir(dir) {
         Ok(entries) => entries,
@@ -258,12 +259,35 @@ fn newest(dir: &Path, extension: &str) -> anyhow::Result<Option<(PathBuf, u64)>>
         let Ok(number) = stem.parse::<u64>() else {
             continue; // not a store file (`LOG`, `LOG.old.*`)
         };
-        let size = entry.metadata()?.len();
-        if size > 0 && best.as_ref().is_none_or(|(n, _, _)| number > *n) {
-            best = Some((number, entry.path(), size));
+        if best.as_ref().is_none_or(|(n, _, _)| number > *n) {
+            let size = written_len(&entry.path())?;
+            if size > 0 {
+                best = Some((number, entry.path(), size));
+            }
         }
     }
     Ok(best.map(|(_, path, size)| (path, size)))
+}
+
+/// A file's length without the zeros at its end: what was written of a file preallocated
+/// whole (raftq's log segments are), so that damage lands in its data, not in the rest that
+/// reads as zeros.
+fn written_len(path: &Path) -> anyhow::Result<u64> {
+    use std::os::unix::fs::FileExt as _;
+    let file =
+        std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let mut end = file.metadata()?.len();
+    let mut chunk = vec![0u8; 64 * 1024];
+    while end > 0 {
+        let start = end.saturating_sub(chunk.len() as u64);
+        let piece = &mut chunk[..(end - start) as usize];
+        file.read_exact_at(piece, start)?;
+        if let Some(at) = piece.iter().rposition(|b| *b != 0) {
+            return Ok(start + at as u64 + 1);
+        }
+        end = start;
+    }
+    Ok(0)
 }
 
 /// Damages the node's store under `data` as `plan` says. When the kind a step names has no
