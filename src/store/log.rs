@@ -799,7 +799,10 @@ impl LogStore {
     /// was quick. Gives `q` back otherwise.
     fn sync_in_place(&self, q: Queued, leaders: &[u64]) -> Option<Queued> {
         let me = self.flusher.node_id.load(Ordering::SeqCst);
-        if me == 0 || leaders.contains(&me) {
+        // The negative control syncs on its timer only: it must stay the broker that
+        // acknowledges what it has not synced, on followers too.
+        let unsafe_build = cfg!(feature = "negative-control-unsafe-early-flush");
+        if unsafe_build || me == 0 || leaders.contains(&me) {
             return Some(q);
         }
         if self.flusher.pending.load(Ordering::SeqCst) != 0 {
