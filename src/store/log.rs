@@ -795,14 +795,13 @@ impl LogStore {
     }
 
     /// Writes and syncs `q` here, as the log thread would, if this node is a follower (every
-    /// entry was made by another leader), the thread has nothing pending and the last fsync
-    /// was quick. Gives `q` back otherwise.
-    fn sync_in_place(&self, q: Queued, leaders: &[u64]) -> Option<Queued> {
-        let me = self.flusher.node_id.load(Ordering::SeqCst);
+    /// entry was made by another leader, as its node id tells), the thread has nothing pending
+    /// and the last fsync was quick. Gives `q` back otherwise.
+    fn sync_in_place(&self, q: Queued, from_another_leader: bool) -> Option<Queued> {
         // The negative control syncs on its timer only: it must stay the broker that
         // acknowledges what it has not synced, on followers too.
         let unsafe_build = cfg!(feature = "negative-control-unsafe-early-flush");
-        if unsafe_build || me == 0 || leaders.contains(&me) {
+        if unsafe_build || !from_another_leader {
             return Some(q);
         }
         if self.flusher.pending.load(Ordering::SeqCst) != 0 {
@@ -1020,8 +1019,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     {
         let written = std::time::Instant::now();
         let entries: Vec<Entry> = entries.into_iter().collect();
-        let mut leaders: Vec<u64> = entries.iter().map(|e| e.log_id.leader_id.node_id).collect();
-        leaders.dedup();
+        let me = self.flusher.node_id.load(Ordering::SeqCst);
+        let from_another_leader =
+            me != 0 && entries.iter().all(|e| e.log_id.leader_id.node_id != me);
         let encoded = entries
             .iter()
             .map(|entry| Ok((entry.index(), encode_entry(entry)?)))
@@ -1063,7 +1063,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             epoch,
             log_epoch,
         };
-        match self.sync_in_place(q, &leaders) {
+        match self.sync_in_place(q, from_another_leader) {
             None => Ok(()),
             Some(q) => self.send(Op::Append(q)),
         }

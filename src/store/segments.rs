@@ -131,10 +131,11 @@ fn preallocate(file: &File, bytes: u64) {
     let _ = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len) };
 }
 
-/// Whether a frame header is all zeros: the end of the frames written, in a segment whose
-/// preallocated rest reads as zeros. No entry has an empty payload, so no frame's header is.
-fn is_end(header: &[u8; FRAME_HEADER]) -> bool {
-    header.iter().all(|b| *b == 0)
+/// Whether `bytes` (a frame header, or a rest too short for one) are all zeros: the end of the
+/// frames written, in a segment whose preallocated rest reads as zeros. No entry has an empty
+/// payload, so no frame's header is.
+fn is_end(bytes: &[u8]) -> bool {
+    bytes.iter().all(|b| *b == 0)
 }
 
 /// Why a frame could not be read, and where the good part of its segment ends.
@@ -187,7 +188,7 @@ fn scan(path: &Path, first: u64) -> Result<(Vec<u64>, u64, Option<Bad>), Segment
         if size - pos < FRAME_HEADER as u64 {
             let mut rest = vec![0u8; (size - pos) as usize];
             r.read_exact(&mut rest).map_err(&io)?;
-            if rest.iter().all(|b| *b == 0) {
+            if is_end(&rest) {
                 // The preallocated rest, too short for a frame.
                 return Ok((positions, pos, None));
             }
