@@ -5,11 +5,12 @@
 //! the snapshot's meta) followed by the snapshot in the whole format, 1 MiB at a time.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use openraft::error::{
     NetworkError, RPCError, RaftError, ReplicationClosed, StreamingError, Unreachable,
 };
@@ -110,6 +111,8 @@ pub struct Network {
     /// What each peer takes: a linked snapshot goes as a linked transfer only to a follower
     /// that said it takes one.
     formats: Arc<PeerFormats>,
+    /// The first index this node's log still reads ([`crate::store::log::LogStore::first_readable`]).
+    first_readable: Arc<AtomicU64>,
 }
 
 impl Network {
@@ -120,12 +123,14 @@ impl Network {
         secret: Arc<str>,
         decode_limit: u64,
         formats: Arc<PeerFormats>,
+        first_readable: Arc<AtomicU64>,
     ) -> Self {
         Network {
             http,
             secret,
             decode_limit,
             formats,
+            first_readable,
         }
     }
 }
@@ -146,19 +151,101 @@ pub struct Peer {
     /// Whether the peer takes appends as one stream ([`super::stream`]); cleared when it
     /// answers that it does not know the endpoint, and then appends go one request at a time.
     streams: bool,
+    /// Whether this connection carries log replication (not heartbeats): then a stream of
+    /// appends that has gone on behind the purged log is ended ([`until_stale`]).
+    replicates: bool,
+}
+
+impl Network {
+    fn peer(&self, target: NodeId, node: &BasicNode, replicates: bool) -> Peer {
+        Peer {
+            target,
+            url: node.addr.trim_end_matches('/').to_string(),
+            net: self.clone(),
+            streams: true,
+            replicates,
+        }
+    }
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = Peer;
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Peer {
-        Peer {
-            target,
-            url: node.addr.trim_end_matches('/').to_string(),
-            net: self.clone(),
-            streams: true,
-        }
+        self.peer(target, node, true)
     }
+
+    /// Heartbeats carry the leader's idea of what the follower holds, which lags behind a
+    /// snapshot the follower is installing: they are never checked against the purged log.
+    async fn new_heartbeat_client(&mut self, target: NodeId, node: &BasicNode) -> Peer {
+        self.peer(target, node, false)
+    }
+
+    async fn new_snapshot_client(&mut self, target: NodeId, node: &BasicNode) -> Peer {
+        self.peer(target, node, false)
+    }
+}
+
+/// Where an append request resumes, against the first index the leader's log still reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resume {
+    /// After the purged log, its entries (if any) right after its previous one.
+    Fine,
+    /// Its previous entry comes before the purge point, and it carries no entries.
+    Behind,
+    /// Its entries do not follow its previous entry: some in between were purged.
+    Broken,
+}
+
+/// Where `req` resumes, with `first_readable` the first index the leader's log still reads.
+pub fn resume_of(req: &AppendEntriesRequest<TypeConfig>, first_readable: u64) -> Resume {
+    let next = req.prev_log_id.as_ref().map_or(0, |l| l.index + 1);
+    match req.entries.first() {
+        Some(first) if first.log_id.index != next => Resume::Broken,
+        Some(_) => Resume::Fine,
+        None if next < first_readable => Resume::Behind,
+        None => Resume::Fine,
+    }
+}
+
+/// `input` up to the request where a replication stream has gone on behind the purged log,
+/// and whether it stopped there (known once it has ended).
+///
+/// The leader never starts replication there (a follower that far behind is sent a snapshot,
+/// and the log is purged only past every stream in flight), but openraft 0.10.0-alpha.37 can
+/// keep a stream running after it has moved that follower on to a snapshot and purged behind
+/// it. Such a stream asks the log for purged entries, gets none, and sends the same entry-less
+/// request every 10 ms for as long as the leader leads, never the entries after the snapshot;
+/// asked for a range that straddles the purge point, it gets the entries after it and would
+/// send them behind a previous entry they do not follow. The first is stopped at its second
+/// such request (a single one is also what a commit update to a follower that is being sent a
+/// snapshot looks like, and goes as before), the second at once. Ending the stream with an
+/// error resets the follower's replication, which resumes from where the follower is.
+fn until_stale<S>(
+    input: S,
+    first_readable: Arc<AtomicU64>,
+) -> (
+    impl Stream<Item = AppendEntriesRequest<TypeConfig>> + Unpin,
+    Arc<AtomicBool>,
+)
+where
+    S: Stream<Item = AppendEntriesRequest<TypeConfig>> + Unpin,
+{
+    let stopped = Arc::new(AtomicBool::new(false));
+    let flag = stopped.clone();
+    let mut behind_before = false;
+    let input = input.take_while(move |req| {
+        let go_on = match resume_of(req, first_readable.load(Ordering::SeqCst)) {
+            Resume::Fine => true,
+            Resume::Behind => !std::mem::replace(&mut behind_before, true),
+            Resume::Broken => false,
+        };
+        if !go_on {
+            flag.store(true, Ordering::SeqCst);
+        }
+        futures::future::ready(go_on)
+    });
+    (input, stopped)
 }
 
 type RpcResult<T> = Result<T, RPCError<TypeConfig>>;
@@ -300,7 +387,29 @@ impl RaftNetworkV2<TypeConfig> for Peer {
     where
         S: Stream<Item = AppendEntriesRequest<TypeConfig>> + OptionalSend + Unpin + 'static,
     {
-        Box::pin(async move {
+        let (input, stale) = if self.replicates {
+            until_stale(input, self.net.first_readable.clone())
+        } else {
+            until_stale(input, Arc::new(AtomicU64::new(0)))
+        };
+        let target = self.target;
+        let first_readable = self.net.first_readable.clone();
+        // After the answers, an error when the requests stopped at one that was stale.
+        let ended_stale = move || {
+            stale.load(Ordering::SeqCst).then(|| {
+                let floor = first_readable.load(Ordering::SeqCst);
+                tracing::warn!(
+                    target,
+                    "a replication stream to peer {target} went on behind this node's purged \
+                     log (it reads from entry {floor}); ending it, so that the follower's \
+                     replication resumes from where the follower is"
+                );
+                Err(network_err(format!(
+                    "replication to peer {target} resumed behind the purged log"
+                )))
+            })
+        };
+        let answers = async move {
             if self.streams {
                 let opened = super::stream::open(
                     self.request(super::stream::PATH),
@@ -324,6 +433,12 @@ impl RaftNetworkV2<TypeConfig> for Peer {
                 }
             }
             stream_append_sequential(self, input, option).await
+        };
+        Box::pin(async move {
+            let answers = answers.await?;
+            let tail = futures::stream::once(async move { ended_stale() })
+                .filter_map(futures::future::ready);
+            Ok(answers.chain(tail).boxed())
         })
     }
 

@@ -224,3 +224,141 @@ async fn nothing_is_dialled_before_the_first_request() {
     assert!(answers.next().await.is_none());
     assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 0);
 }
+
+/// A peer that answers each append as it arrives, with success.
+fn answering_each() -> Router {
+    Router::new().route(
+        &format!("/raft/{PATH}"),
+        post(|body: Body| async move {
+            let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(16);
+            tokio::spawn(async move {
+                let mut chunks = body.into_data_stream();
+                let mut frames = Frames::new(1 << 20);
+                let answer: Answer = Ok(Ok(None));
+                while let Some(Ok(chunk)) = chunks.next().await {
+                    frames.push(&chunk);
+                    while let Ok(Some(_)) = frames.take::<AppendEntriesRequest<TypeConfig>>() {
+                        if tx.send(frame(&answer).expect("frame")).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+            let body = futures::stream::unfold(rx, |mut rx| async move {
+                rx.recv().await.map(|b| (Ok::<_, std::io::Error>(b), rx))
+            });
+            (StatusCode::OK, Body::from_stream(body)).into_response()
+        }),
+    )
+}
+
+fn log_id(index: u64) -> crate::raft::LogId {
+    use openraft::vote::RaftLeaderId;
+    crate::raft::LogId::new(openraft::impls::leader_id_adv::LeaderId::new(1, 1), index)
+}
+
+/// An entry-less append whose previous entry is `prev`.
+fn resuming_after(prev: u64) -> AppendEntriesRequest<TypeConfig> {
+    AppendEntriesRequest {
+        prev_log_id: Some(log_id(prev)),
+        ..request(1)
+    }
+}
+
+/// An append whose previous entry is `prev` and that carries entry `first`.
+fn carrying(prev: u64, first: u64) -> AppendEntriesRequest<TypeConfig> {
+    AppendEntriesRequest {
+        entries: vec![crate::raft::Entry {
+            log_id: log_id(first),
+            payload: openraft::EntryPayload::Blank,
+        }],
+        ..resuming_after(prev)
+    }
+}
+
+/// What `input` gets on a stream opened with `client`: the answers, in order,
+/// until the stream ends or none comes for a while (`None` then).
+async fn answers_to(
+    client: &mut crate::raft::network::Peer,
+    input: Vec<AppendEntriesRequest<TypeConfig>>,
+) -> Vec<Option<Item>> {
+    use openraft::network::RPCOption;
+    use openraft::RaftNetworkV2;
+    let n = input.len();
+    let input = futures::stream::iter(input).chain(futures::stream::pending());
+    let mut answers = client
+        .stream_append(Box::pin(input), RPCOption::new(Duration::from_secs(5)))
+        .await
+        .expect("opens");
+    let mut got = Vec::new();
+    for _ in 0..n {
+        let next = tokio::time::timeout(Duration::from_secs(2), answers.next()).await;
+        let ended = !matches!(next, Ok(Some(Ok(_))));
+        got.push(next.ok().flatten());
+        if ended {
+            break;
+        }
+    }
+    got
+}
+
+/// A replication stream that has gone on behind the leader's purged log (openraft can leave
+/// one running after it has sent the follower a snapshot and purged behind it; it then repeats
+/// an entry-less request forever) is ended with an error at its second such request, after the
+/// requests before it were sent and answered; one whose entries do not follow its previous
+/// entry is ended at once. Heartbeats, which carry the leader's possibly older idea of the
+/// follower's log, are never checked.
+#[tokio::test]
+async fn a_replication_stream_behind_the_purged_log_is_ended() {
+    use openraft::network::RaftNetworkFactory;
+    use openraft::BasicNode;
+    use std::sync::atomic::AtomicU64;
+
+    let url = serve(answering_each()).await;
+    // 100 is the last purged entry: a stream may resume after it, not before.
+    let mut net = crate::raft::network::Network::new(
+        reqwest::Client::new(),
+        "secret".into(),
+        1 << 20,
+        Default::default(),
+        Arc::new(AtomicU64::new(101)),
+    );
+    let node = BasicNode { addr: url };
+    let behind = || {
+        vec![
+            resuming_after(150),
+            carrying(100, 101),
+            resuming_after(40),
+            resuming_after(40),
+        ]
+    };
+    let stale = |answer: &Option<Item>| match answer {
+        Some(Err(RPCError::Network(e))) => e.to_string().contains("purged"),
+        _ => false,
+    };
+    let answered = |answer: &Option<Item>| matches!(answer, Some(Ok(Ok(None))));
+
+    let mut replication = net.new_client(2, &node).await;
+    let got = answers_to(&mut replication, behind()).await;
+    assert_eq!(got.len(), 4, "{got:?}");
+    assert!(got[..3].iter().all(answered), "{got:?}");
+    assert!(
+        stale(&got[3]),
+        "the second request behind the purged log: {got:?}"
+    );
+
+    let got = answers_to(
+        &mut replication,
+        vec![resuming_after(150), carrying(40, 200)],
+    )
+    .await;
+    assert_eq!(got.len(), 2, "{got:?}");
+    assert!(
+        answered(&got[0]) && stale(&got[1]),
+        "entries after a gap: {got:?}"
+    );
+
+    let mut heartbeats = net.new_heartbeat_client(2, &node).await;
+    let got = answers_to(&mut heartbeats, behind()).await;
+    assert!(got.len() == 4 && got.iter().all(answered), "{got:?}");
+}

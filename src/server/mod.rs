@@ -78,6 +78,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         settings.cluster_secret.clone().into(),
         settings.raft_body_limit as u64,
         formats.clone(),
+        log_store.first_readable(),
     );
     let raft_config = crate::raft::config(
         &settings.cluster_id,

@@ -743,6 +743,12 @@ impl LogStore {
         self.flusher.node_id.store(node_id, Ordering::SeqCst);
     }
 
+    /// The first index a read of this log returns (one past the last purged), as purges move
+    /// it. Replication checks the requests it sends against it ([`crate::raft::network`]).
+    pub fn first_readable(&self) -> Arc<AtomicU64> {
+        self.first_readable.clone()
+    }
+
     /// Shared view of the committed index, updated as Raft reports it.
     pub fn committed_index(&self) -> Arc<AtomicU64> {
         self.committed.clone()
