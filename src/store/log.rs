@@ -895,11 +895,14 @@ impl RaftLogReader<TypeConfig> for LogStore {
         let (cached_from, cached) = {
             let recent = self.recent();
             let from = recent.first_index().unwrap_or(u64::MAX);
+            // Found by search, not by walking: memory holds up to `RECENT_BYTES` of entries
+            // (some 16,000 of one small record each), and replication reads here for every
+            // request it sends.
+            let at = recent.entries.partition_point(|(e, _)| e.index() < start);
             let cached: Vec<Entry> = recent
                 .entries
-                .iter()
+                .range(at..)
                 .map(|(e, _)| e)
-                .skip_while(|e| e.index() < start)
                 .take_while(|e| range.contains(&e.index()))
                 .cloned()
                 .collect();
