@@ -384,3 +384,37 @@ async fn every_endpoint_refuses_missing_wrong_and_ungranted_tokens_and_changes_n
         .await;
     assert_eq!(resp.status().as_u16(), 201, "{:?}", resp.text().await);
 }
+
+/// The CLI's `cluster snapshot` asks each node it is given with the caller's token: refused
+/// without one, a snapshot on every node with the admin token (it once asked with none).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_asks_each_node_for_a_snapshot_with_the_callers_token() {
+    let c = Cluster::start_with_tokens(3, &tokens_file(), ADMIN).await;
+    let snapshot = |token: Option<&str>| {
+        let mut cmd = std::process::Command::new(common::BIN);
+        cmd.args(["cluster", "snapshot"]);
+        for id in 1..=3 {
+            cmd.arg("--url").arg(c.url(id));
+        }
+        for (name, _) in std::env::vars_os() {
+            if name.to_string_lossy().starts_with("RAFTQ_") {
+                cmd.env_remove(name);
+            }
+        }
+        if let Some(token) = token {
+            cmd.env("RAFTQ_TOKEN", token);
+        }
+        cmd.output().expect("run raftq")
+    };
+    let refused = snapshot(None);
+    assert_eq!(refused.status.code(), Some(1), "{refused:?}");
+    let done = snapshot(Some(ADMIN));
+    assert!(done.status.success(), "{done:?}");
+    let out = String::from_utf8_lossy(&done.stdout);
+    for id in 1..=3 {
+        assert!(
+            out.contains(&format!("node {id} (")),
+            "no snapshot of node {id}: {out}"
+        );
+    }
+}

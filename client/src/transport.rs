@@ -195,6 +195,17 @@ impl Transport {
         }
     }
 
+    /// The same transport (connection pool, token, time-outs) to the node at `base` alone.
+    pub(crate) fn only(&self, base: Url) -> Transport {
+        Transport::new(
+            self.http.clone(),
+            vec![base],
+            self.authorization.clone(),
+            self.deadline,
+            self.request_timeout,
+        )
+    }
+
     fn nodes(&self) -> std::sync::MutexGuard<'_, Nodes> {
         // The lock is never held across an await or a panic-prone call; if some caller's
         // thread panicked anyway, the node list is still consistent, so keep using it.

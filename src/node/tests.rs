@@ -84,18 +84,27 @@ fn batch_publishes_wait_for_every_member() {
 
 /// What a node takes is read from its `/raft/status` answer; a release before a field says
 /// nothing of it and gets what it took then: records one at a time, snapshots whole. Only a
-/// follower that said it takes linked transfers gets one.
+/// follower that said it takes linked transfers with runs of records (5) gets one; one that
+/// takes them with single records only (4, a release before format 9) gets the whole format.
 #[test]
 fn formats_are_read_from_a_status_answer() {
     use crate::raft::network::takes_linked;
-    let cases: [(serde_json::Value, Formats, bool); 4] = [
+    let cases: [(serde_json::Value, Formats, bool); 5] = [
+        (
+            serde_json::json!({"command_format": 2, "snapshot_format": 5}),
+            Formats {
+                commands: 2,
+                snapshots: 5,
+            },
+            true,
+        ),
         (
             serde_json::json!({"command_format": 2, "snapshot_format": 4}),
             Formats {
                 commands: 2,
                 snapshots: 4,
             },
-            true,
+            false,
         ),
         (
             serde_json::json!({"command_format": 2}),

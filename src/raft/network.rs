@@ -140,8 +140,9 @@ pub fn takes_linked(formats: Option<Formats>) -> bool {
     formats.is_some_and(|f| f.snapshots >= LINKED_TRANSFER)
 }
 
-/// The snapshot transfer format of a linked transfer (`store::transfer::RECEIVES`).
-pub const LINKED_TRANSFER: u32 = 4;
+/// The snapshot transfer format of a linked transfer (`store::transfer::RECEIVES`): 5, since a
+/// linked snapshot's records may be runs; a follower that says 4 gets the whole format.
+pub const LINKED_TRANSFER: u32 = 5;
 
 /// A connection to one peer.
 pub struct Peer {

@@ -49,6 +49,7 @@ const KINDS: &[&str] = &[
     "sm:topic",
     "sm:record",
     "sm:record_at",
+    "sm:record_run",
     "sm:subscription",
     "sm:subscription_head",
     "sm:lease",
@@ -108,11 +109,15 @@ fn round_trip(kind: &str, bytes: &[u8]) -> Result<Vec<u8>, String> {
             records::Stored::Whole(record) => {
                 records::encode_record(&record).map_err(|e| e.to_string())
             }
-            records::Stored::At(_) => Err("a record location, not a whole record".into()),
+            _ => Err("a record location, not a whole record".into()),
         },
         "sm:record_at" => match records::decode(bytes)? {
             records::Stored::At(at) => records::encode_at(&at).map_err(|e| e.to_string()),
-            records::Stored::Whole(_) => Err("a whole record, not a record location".into()),
+            _ => Err("not the location of one record".into()),
+        },
+        "sm:record_run" => match records::decode(bytes)? {
+            records::Stored::Run(run) => records::encode_run(&run).map_err(|e| e.to_string()),
+            _ => Err("not a run of record locations".into()),
         },
         other => Err(format!("unknown kind {other}")),
     }
@@ -185,6 +190,9 @@ fn kind_of(cf: &str, key: &[u8], value: &[u8]) -> Option<String> {
             [keys::TOPIC_PREFIX, ..] => Some("sm:topic".into()),
             [keys::RECORD_PREFIX, ..] if value.first() == Some(&records::RECORD_AT_FORMAT) => {
                 Some("sm:record_at".into())
+            }
+            [keys::RECORD_PREFIX, ..] if value.first() == Some(&records::RECORD_RUN_FORMAT) => {
+                Some("sm:record_run".into())
             }
             [keys::RECORD_PREFIX, ..] => Some("sm:record".into()),
             [keys::SUB_PREFIX, ..] => Some(

@@ -2,9 +2,13 @@
 //! (its bytes are written once, to the log), any other record whole.
 //!
 //! A record appended by a publish is a [`NewRecord`] of a log entry, unchanged, plus the
-//! timestamp of the entry's apply. The state machine keeps `(timestamp, index, command,
-//! record)` behind [`RECORD_AT_FORMAT`] and reads the bytes from the log when the record is
-//! read. A broadcast marker or a dead-lettered copy is built in apply (its headers are not the
+//! timestamp of the entry's apply. The state machine keeps, under the key of the first of a run
+//! of such records (consecutive offsets, consecutive records of one command of one entry: a
+//! batch publish's), `(timestamp, index, command, first record, count)` behind
+//! [`RECORD_RUN_FORMAT`], one key per published batch rather than per record, and reads the
+//! bytes from the log when a record is read; a record at an offset is found under the greatest
+//! key at or below it ([`find`]). A store of format 8 or older keeps one key per record behind
+//! [`RECORD_AT_FORMAT`], read the same way (a run of one). A broadcast marker or a dead-lettered copy is built in apply (its headers are not the
 //! log's) and is kept whole behind [`RECORD_FORMAT`], as is every record a snapshot brings in:
 //! snapshot files hold records whole, so they read the same whatever a node stores.
 //!
@@ -13,7 +17,6 @@
 //! ([`Entries::keep_from`]), and retention, which removes records, is what lets the log's
 //! segments go. See ARCHITECTURE.md, "Records in the log".
 
-use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
 
 use openraft::EntryPayload;
@@ -26,8 +29,10 @@ use crate::state::{self, LogPayload, RecordAt, StoredRecord};
 
 /// Format byte of a record stored whole.
 pub(crate) const RECORD_FORMAT: u8 = 1;
-/// Format byte of a record stored as where the log holds it.
+/// Format byte of a record stored as where the log holds it (written up to format 8).
 pub(crate) const RECORD_AT_FORMAT: u8 = 2;
+/// Format byte of a run of records stored as where the log holds them.
+pub(crate) const RECORD_RUN_FORMAT: u8 = 3;
 
 /// A record stored as where the log holds it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -36,11 +41,85 @@ pub(crate) struct AtValue {
     pub at: RecordAt,
 }
 
+/// A run of records stored as where the log holds them: the records `at.record ..
+/// at.record + count` of one command, at the offsets from the run's key on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct RunValue {
+    pub timestamp_ms: u64,
+    pub at: RecordAt,
+    pub count: u32,
+}
+
+impl RunValue {
+    /// The `n`th record of the run (`n < count`).
+    pub(crate) fn nth(&self, n: u32) -> AtValue {
+        AtValue {
+            timestamp_ms: self.timestamp_ms,
+            at: RecordAt {
+                record: self.at.record + n,
+                ..self.at
+            },
+        }
+    }
+
+    /// The run without its first `n` records (`n < count`).
+    pub(crate) fn skip(&self, n: u32) -> RunValue {
+        RunValue {
+            at: self.nth(n).at,
+            count: self.count - n,
+            ..*self
+        }
+    }
+
+    /// `value` followed by the record after its last, if it is that.
+    pub(crate) fn extended(&self, value: &AtValue) -> Option<RunValue> {
+        let next = self.at.record.checked_add(self.count)?;
+        let follows = value.timestamp_ms == self.timestamp_ms
+            && value.at.index == self.at.index
+            && value.at.command == self.at.command
+            && value.at.record == next;
+        follows.then(|| RunValue {
+            count: self.count + 1,
+            ..*self
+        })
+    }
+}
+
+impl From<AtValue> for RunValue {
+    fn from(value: AtValue) -> Self {
+        RunValue {
+            timestamp_ms: value.timestamp_ms,
+            at: value.at,
+            count: 1,
+        }
+    }
+}
+
 /// A stored record value, decoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Stored {
     Whole(StoredRecord),
     At(AtValue),
+    Run(RunValue),
+}
+
+impl Stored {
+    /// How many offsets, from its key's, the value holds.
+    pub(crate) fn span(&self) -> u64 {
+        match self {
+            Stored::Whole(_) | Stored::At(_) => 1,
+            Stored::Run(run) => u64::from(run.count),
+        }
+    }
+
+    /// The log entry it points into, if any.
+    pub(crate) fn points_into(&self) -> Option<u64> {
+        match self {
+            Stored::Whole(_) => None,
+            Stored::At(value) => Some(value.at.index),
+            Stored::Run(run) => Some(run.at.index),
+        }
+    }
 }
 
 pub(crate) fn encode_record(r: &StoredRecord) -> Result<Vec<u8>, bincode::Error> {
@@ -50,8 +129,14 @@ pub(crate) fn encode_record(r: &StoredRecord) -> Result<Vec<u8>, bincode::Error>
     Ok(out)
 }
 
+/// Format 8's value of one record (what the golden bytes hold; no longer written).
+#[cfg(test)]
 pub(crate) fn encode_at(value: &AtValue) -> Result<Vec<u8>, bincode::Error> {
     codec::encode_versioned(RECORD_AT_FORMAT, value)
+}
+
+pub(crate) fn encode_run(value: &RunValue) -> Result<Vec<u8>, bincode::Error> {
+    codec::encode_versioned(RECORD_RUN_FORMAT, value)
 }
 
 pub(crate) fn decode(bytes: &[u8]) -> Result<Stored, String> {
@@ -62,6 +147,14 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Stored, String> {
         Some((&RECORD_AT_FORMAT, rest)) => codec::decode(rest)
             .map(Stored::At)
             .map_err(|e| format!("corrupt record location: {e}")),
+        Some((&RECORD_RUN_FORMAT, rest)) => match codec::decode::<RunValue>(rest) {
+            Ok(run) if run.count == 0 => Err("corrupt record run: no records".into()),
+            Ok(run) if run.at.record.checked_add(run.count).is_none() => {
+                Err("corrupt record run: past the last record a command can hold".into())
+            }
+            Ok(run) => Ok(Stored::Run(run)),
+            Err(e) => Err(format!("corrupt record run: {e}")),
+        },
         Some((v, _)) => Err(format!("record has unknown format version {v}")),
         None => Err("empty record".into()),
     }
@@ -194,10 +287,32 @@ impl EntrySource for SegmentEntries {
 /// The log index a stored record value points into (`None` for a record stored whole).
 pub(crate) fn points_into(bytes: &[u8]) -> Result<Option<u64>, String> {
     match bytes.first() {
-        Some(&RECORD_AT_FORMAT) => match decode(bytes)? {
-            Stored::At(value) => Ok(Some(value.at.index)),
-            Stored::Whole(_) => Ok(None),
-        },
+        Some(&RECORD_AT_FORMAT | &RECORD_RUN_FORMAT) => Ok(decode(bytes)?.points_into()),
+        _ => Ok(None),
+    }
+}
+
+/// Where the record of `topic_id` at `offset` is stored: the stored value whose key is the
+/// greatest at or below the offset's, if it holds the offset (its key's offset and the
+/// value, decoded). `it` is left on that key.
+pub(crate) fn find(
+    it: &mut rocksdb::DBRawIterator<'_>,
+    topic_id: u64,
+    offset: u64,
+) -> Result<Option<(u64, Stored)>, String> {
+    it.seek_for_prev(keys::record(topic_id, offset));
+    if !it.valid() {
+        it.status().map_err(|e| format!("RocksDB: {e}"))?;
+        return Ok(None);
+    }
+    let (Some(key), Some(value)) = (it.key(), it.value()) else {
+        return Ok(None);
+    };
+    match keys::parse_record(key) {
+        Some((id, from)) if id == topic_id => {
+            let stored = decode(value)?;
+            Ok((offset - from < stored.span()).then_some((from, stored)))
+        }
         _ => Ok(None),
     }
 }
@@ -239,11 +354,16 @@ impl<'a> Reader<'a> {
         }
     }
 
-    /// The record a stored value holds or points at.
-    pub fn record(&self, bytes: &[u8]) -> Result<StoredRecord, String> {
-        match decode(bytes)? {
-            Stored::Whole(r) => Ok(r),
-            Stored::At(value) => self.at(&value),
+    /// The `n`th record a stored value holds or points at (`n` below its span).
+    pub(crate) fn nth(&self, stored: &Stored, n: u64) -> Result<StoredRecord, String> {
+        match stored {
+            Stored::Whole(r) if n == 0 => Ok(r.clone()),
+            Stored::At(value) if n == 0 => self.at(value),
+            Stored::Run(run) if n < u64::from(run.count) => self.at(&run.nth(n as u32)),
+            _ => Err(format!(
+                "no record {n} in a stored value of {}",
+                stored.span()
+            )),
         }
     }
 
@@ -265,17 +385,29 @@ impl<'a> Reader<'a> {
         record
     }
 
-    /// `value` as a record stored whole, for a pair under `key` of the state machine: what a
-    /// snapshot holds and the state digest counts, the same on every node. Other pairs are
-    /// returned as they are.
-    pub fn whole<'v>(&self, key: &[u8], value: &'v [u8]) -> Result<Cow<'v, [u8]>, String> {
-        if value.first() != Some(&RECORD_AT_FORMAT) || keys::parse_record(key).is_none() {
-            return Ok(Cow::Borrowed(value));
+    /// A pair under `key` of the state machine as a snapshot holds it and the state digest
+    /// counts it, the same on every node, given to `emit`: a record that points into the log
+    /// as the record stored whole, a run as its records, each whole under its own key. Other
+    /// pairs are given as they are.
+    pub fn whole<E: From<String>>(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        emit: &mut impl FnMut(&[u8], &[u8]) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let points = matches!(value.first(), Some(&RECORD_AT_FORMAT | &RECORD_RUN_FORMAT));
+        let Some((topic_id, first)) = keys::parse_record(key).filter(|_| points) else {
+            return emit(key, value);
+        };
+        let stored = decode(value)?;
+        for n in 0..stored.span() {
+            let offset = first.checked_add(n).ok_or_else(|| {
+                format!("a record run of topic {topic_id} passes the last offset")
+            })?;
+            let record = encode_record(&self.nth(&stored, n)?).map_err(|e| e.to_string())?;
+            emit(&keys::record(topic_id, offset), &record)?;
         }
-        let record = self.record(value)?;
-        encode_record(&record)
-            .map(Cow::Owned)
-            .map_err(|e| e.to_string())
+        Ok(())
     }
 
     /// The lowest log index among the records this reader resolved.
@@ -316,14 +448,11 @@ pub(crate) fn check_log_holds(
         if meta.records() == 0 {
             continue;
         }
-        let Some(bytes) = db
-            .get_cf(cf, keys::record(meta.id, meta.first_offset))
-            .map_err(|e| e.to_string())?
-        else {
+        let mut it = db.raw_iterator_cf(cf);
+        let Some((_, stored)) = find(&mut it, meta.id, meta.first_offset)? else {
             continue;
         };
-        if let Stored::At(value) = decode(&bytes)? {
-            let index = value.at.index;
+        if let Some(index) = stored.points_into() {
             let archived = archive.is_some_and(|(first, last)| (first..=last).contains(&index));
             if !archived && log_first.is_none_or(|first| index < first) {
                 return Err(format!(
@@ -337,4 +466,119 @@ pub(crate) fn check_log_holds(
         }
     }
     Ok(())
+}
+
+/// Writes the published records of one apply call as runs ([`RunValue`]): each record that
+/// follows the pending run (the next offset, the next record of the same command) extends it,
+/// anything else writes it first. Trimming a topic's front keeps the rest of a run that
+/// straddles the new first offset, under that offset's key.
+pub(crate) struct RunWriter<'a> {
+    db: &'a rocksdb::DB,
+    cf: &'a rocksdb::ColumnFamily,
+    /// The run not written yet: topic, its first offset, the run.
+    pending: Option<(u64, u64, RunValue)>,
+    /// The runs this call wrote, by topic and first offset: not in RocksDB yet.
+    written: std::collections::BTreeMap<(u64, u64), RunValue>,
+}
+
+impl<'a> RunWriter<'a> {
+    pub(crate) fn new(db: &'a rocksdb::DB, cf: &'a rocksdb::ColumnFamily) -> Self {
+        RunWriter {
+            db,
+            cf,
+            pending: None,
+            written: Default::default(),
+        }
+    }
+
+    /// Adds the record at `offset` of topic `topic_id`, stored as `value`.
+    pub(crate) fn push(
+        &mut self,
+        batch: &mut rocksdb::WriteBatch,
+        topic_id: u64,
+        offset: u64,
+        value: AtValue,
+    ) -> Result<(), bincode::Error> {
+        if let Some((topic, first, run)) = &mut self.pending {
+            let next =
+                *topic == topic_id && first.checked_add(u64::from(run.count)) == Some(offset);
+            if let Some(longer) = run.extended(&value).filter(|_| next) {
+                *run = longer;
+                return Ok(());
+            }
+        }
+        self.flush(batch)?;
+        self.pending = Some((topic_id, offset, RunValue::from(value)));
+        Ok(())
+    }
+
+    /// Writes the pending run.
+    pub(crate) fn flush(&mut self, batch: &mut rocksdb::WriteBatch) -> Result<(), bincode::Error> {
+        if let Some((topic_id, first, run)) = self.pending.take() {
+            self.put(batch, topic_id, first, run)?;
+        }
+        Ok(())
+    }
+
+    fn put(
+        &mut self,
+        batch: &mut rocksdb::WriteBatch,
+        topic_id: u64,
+        first: u64,
+        run: RunValue,
+    ) -> Result<(), bincode::Error> {
+        batch.put_cf(self.cf, keys::record(topic_id, first), encode_run(&run)?);
+        self.written.insert((topic_id, first), run);
+        Ok(())
+    }
+
+    /// Removes the records `from..to` of topic `topic_id` (its front: no record of it lies
+    /// below `from`), keeping the records at and after `to` of a run that holds `to`.
+    pub(crate) fn trim(
+        &mut self,
+        batch: &mut rocksdb::WriteBatch,
+        topic_id: u64,
+        from: u64,
+        to: u64,
+    ) -> Result<(), String> {
+        self.flush(batch).map_err(|e| e.to_string())?;
+        let rest = match to.checked_sub(1).filter(|last| *last >= from) {
+            Some(last) => self.holding(topic_id, last)?,
+            None => None,
+        }
+        .filter(|(first, run)| first + u64::from(run.count) > to)
+        .map(|(first, run)| run.skip((to - first) as u32));
+        batch.delete_range_cf(
+            self.cf,
+            keys::record(topic_id, from),
+            keys::record(topic_id, to),
+        );
+        if let Some(rest) = rest {
+            self.put(batch, topic_id, to, rest)
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+
+    /// The run holding `offset`, if a run holds it: among those this call wrote, else in
+    /// RocksDB.
+    fn holding(&self, topic_id: u64, offset: u64) -> Result<Option<(u64, RunValue)>, String> {
+        let here = self
+            .written
+            .range((topic_id, 0)..=(topic_id, offset))
+            .next_back()
+            .map(|(&(_, first), run)| (first, *run));
+        let mut it = self.db.raw_iterator_cf(self.cf);
+        let stored = match find(&mut it, topic_id, offset)? {
+            Some((first, Stored::Run(run))) => Some((first, run)),
+            _ => None,
+        };
+        // The newer of the two: a value written by this call at or above the stored one's key
+        // replaces it.
+        Ok(match (here, stored) {
+            (Some(h), Some(s)) if s.0 > h.0 => Some(s),
+            (Some(h), _) => Some(h).filter(|(first, run)| offset - first < u64::from(run.count)),
+            (None, s) => s,
+        })
+    }
 }

@@ -97,6 +97,8 @@ struct DbRecords<'a> {
     reader: records::Reader<'a>,
     /// The entries of the apply call, in index order.
     entries: &'a [Entry],
+    /// The stored value read last: topic, its key's offset, the value.
+    last: std::cell::RefCell<Option<(u64, u64, records::Stored)>>,
 }
 
 impl RecordSource for DbRecords<'_> {
@@ -106,14 +108,29 @@ impl RecordSource for DbRecords<'_> {
             offset,
             reason,
         };
-        let cf = self
-            .db
-            .cf_handle(CF_SM)
-            .ok_or_else(|| fault("column family sm missing".into()))?;
-        match self.db.get_cf(cf, keys::record(topic_id, offset)) {
-            Ok(None) => Ok(None),
-            Ok(Some(bytes)) => self.reader.record(&bytes).map(Some).map_err(fault),
-            Err(e) => Err(fault(format!("RocksDB: {e}"))),
+        // Retention reads a topic's records in a row from its front: most lie in the value
+        // found last.
+        let mut last = self.last.borrow_mut();
+        let holds = |(t, from, stored): &(u64, u64, records::Stored)| {
+            *t == topic_id && offset >= *from && offset - from < stored.span()
+        };
+        if !last.as_ref().is_some_and(&holds) {
+            let cf = self
+                .db
+                .cf_handle(CF_SM)
+                .ok_or_else(|| fault("column family sm missing".into()))?;
+            let mut it = self.db.raw_iterator_cf(cf);
+            *last = records::find(&mut it, topic_id, offset)
+                .map_err(fault)?
+                .map(|(from, stored)| (topic_id, from, stored));
+        }
+        match last.as_ref().filter(|found| holds(found)) {
+            Some((_, from, stored)) => self
+                .reader
+                .nth(stored, offset - from)
+                .map(Some)
+                .map_err(fault),
+            None => Ok(None),
         }
     }
 
@@ -251,30 +268,47 @@ impl SmShared {
     ) -> Result<Vec<(u64, StoredRecord)>, String> {
         let std::ops::Range { start: from, end } = offsets;
         let cf = self.db.cf_handle(CF_SM).ok_or("column family sm missing")?;
-        let start = keys::record(topic.id, from);
         let archive = self.archive();
         let sources = self.sources(&archive);
         let reader = records::Reader::new(sources.as_ref().map(|s| s as &dyn records::EntrySource));
         let mut out = Vec::new();
         let mut bytes = 0u64;
-        for item in self
-            .db
-            .iterator_cf(cf, IteratorMode::From(&start, Direction::Forward))
-        {
-            let (k, v) = item.map_err(|e| e.to_string())?;
-            let Some((id, offset)) = keys::parse_record(&k) else {
+        let mut it = self.db.raw_iterator_cf(cf);
+        // The value holding `from` (a run may start below it), else the first after it.
+        if records::find(&mut it, topic.id, from)?.is_none() {
+            it.seek(keys::record(topic.id, from));
+        }
+        'values: while it.valid() {
+            let (Some(k), Some(v)) = (it.key(), it.value()) else {
                 break;
             };
-            if id != topic.id || offset >= end || out.len() as u64 >= max {
+            let Some((id, first)) = keys::parse_record(k) else {
+                break;
+            };
+            if id != topic.id || first >= end {
                 break;
             }
-            let rec = reader.record(&v)?;
-            bytes += rec.value.len() as u64;
-            if !out.is_empty() && bytes > max_bytes {
-                break;
+            let mut stored = Some(records::decode(v)?);
+            let span = stored.as_ref().map_or(0, records::Stored::span);
+            for n in from.saturating_sub(first)..span {
+                let offset = first + n;
+                if offset >= end || out.len() as u64 >= max {
+                    break 'values;
+                }
+                // A record stored whole is the value's only one: taken, not copied.
+                let rec = match stored.take_if(|s| matches!(s, records::Stored::Whole(_))) {
+                    Some(records::Stored::Whole(rec)) => rec,
+                    _ => reader.nth(stored.as_ref().ok_or("a record read twice")?, n)?,
+                };
+                bytes += rec.value.len() as u64;
+                if !out.is_empty() && bytes > max_bytes {
+                    break 'values;
+                }
+                out.push((offset, rec));
             }
-            out.push((offset, rec));
+            it.next();
         }
+        it.status().map_err(|e| e.to_string())?;
         Ok(out)
     }
 
@@ -316,6 +350,7 @@ impl SmShared {
             db: &self.db,
             reader: records::Reader::new(sources.as_ref().map(|s| s as &dyn records::EntrySource)),
             entries: &entries,
+            last: Default::default(),
         };
         for entry in &entries {
             let index = entry.log_id.index;
@@ -370,7 +405,19 @@ impl SmShared {
         let mut subs_touched = std::collections::BTreeSet::new();
         let mut topics_touched = std::collections::BTreeSet::new();
         let enc = |e: bincode::Error| to_io(e);
+        // A batch publish's records go in as one run, under the first one's key.
+        let mut runs = records::RunWriter::new(&self.db, cf);
         for w in writes {
+            if !matches!(
+                w,
+                Write::PutRecord {
+                    record: Appended::Logged { .. },
+                    ..
+                }
+            ) || self.log.get().is_none()
+            {
+                runs.flush(&mut batch).map_err(enc)?;
+            }
             match w {
                 Write::PutTopic(name) => {
                     topics_touched.insert(name);
@@ -383,11 +430,7 @@ impl SmShared {
                     batch.delete_range_cf(cf, start, end);
                 }
                 Write::TrimTopic { topic_id, from, to } => {
-                    batch.delete_range_cf(
-                        cf,
-                        keys::record(topic_id, from),
-                        keys::record(topic_id, to),
-                    );
+                    runs.trim(&mut batch, topic_id, from, to).map_err(to_io)?;
                 }
                 Write::PutProducer { topic, producer_id } => {
                     let (Some(meta), Some(p)) = (
@@ -415,7 +458,10 @@ impl SmShared {
                     // The log holds a published record's bytes: keep where, if it can be read.
                     let value = match record {
                         Appended::Logged { timestamp_ms, at } if self.log.get().is_some() => {
-                            records::encode_at(&records::AtValue { timestamp_ms, at })
+                            let value = records::AtValue { timestamp_ms, at };
+                            runs.push(&mut batch, topic_id, offset, value)
+                                .map_err(enc)?;
+                            continue;
                         }
                         Appended::Logged { timestamp_ms, at } => {
                             records::encode_record(&source.logged(at, timestamp_ms).map_err(to_io)?)
@@ -434,6 +480,7 @@ impl SmShared {
                 }
             }
         }
+        runs.flush(&mut batch).map_err(enc)?;
         // Ids are never reused, so a subscription deleted in this batch is simply absent. Each
         // is written as its head and the leases and pending redeliveries that changed.
         for id in subs_touched {
@@ -545,7 +592,7 @@ impl SmShared {
         let reader = records::Reader::new(sources.as_ref().map(|s| s as &dyn records::EntrySource));
         for item in self.db.iterator_cf_opt(cf, opts, IteratorMode::Start) {
             let (k, v) = item.map_err(|e| e.to_string())?;
-            whole.push(&k, &reader.whole(&k, &v)?, &mut fold)?;
+            reader.whole(&k, &v, &mut |k, v| whole.push(k, v, &mut fold))?;
         }
         whole.finish(&mut fold)?;
         Ok((index, format!("{pairs}-{bytes}-{:08x}", crc.finalize())))

@@ -770,10 +770,11 @@ fn published_records_are_stored_as_their_place_in_the_log() {
             .expect("get")
             .expect("stored")
     };
-    // Offsets 0, 2 and 3 were published; 1 is the marker, built in apply, stored whole.
+    // Offsets 0, 2 and 3 were published, each by a command of its own (a run of one); 1 is
+    // the marker, built in apply, stored whole.
     for offset in [0, 2, 3] {
         let value = stored(offset);
-        assert_eq!(value[0], records::RECORD_AT_FORMAT, "offset {offset}");
+        assert_eq!(value[0], records::RECORD_RUN_FORMAT, "offset {offset}");
         assert!(value.len() < 32, "offset {offset}: {} bytes", value.len());
     }
     assert_eq!(stored(1)[0], records::RECORD_FORMAT);
@@ -888,14 +889,23 @@ fn batch_publishes_read_as_the_same_records_wherever_they_are_kept() {
         topic.first_offset > 0,
         "retention removed the first records"
     );
+    // One key per command's records left (the first one's: the rest of a run that retention
+    // cut into starts at the topic's first offset), each a run.
     let cf = db.cf_handle(CF_SM).expect("sm cf");
-    for offset in topic.first_offset..topic.next_offset {
-        let value = db
-            .get_cf(cf, keys::record(topic.id, offset))
-            .expect("get")
-            .expect("stored");
-        assert_eq!(value[0], records::RECORD_AT_FORMAT, "offset {offset}");
-    }
+    let keys: Vec<(u64, u8)> = db
+        .iterator_cf(
+            cf,
+            IteratorMode::From(&keys::record(topic.id, 0), Direction::Forward),
+        )
+        .map(|item| item.expect("read"))
+        .map_while(|(k, v)| Some((keys::parse_record(&k)?.1, v[0])))
+        .collect();
+    let starts = [0, 4, 6, 9].into_iter().filter(|o| *o > topic.first_offset);
+    let want: Vec<(u64, u8)> = std::iter::once(topic.first_offset)
+        .chain(starts)
+        .map(|o| (o, records::RECORD_RUN_FORMAT))
+        .collect();
+    assert_eq!(keys, want);
     let read = |sm: &SmShared| {
         sm.read_records(&topic, topic.first_offset..topic.next_offset, 100, 1 << 20)
             .expect("read")
@@ -964,5 +974,106 @@ fn start_up_finds_a_log_that_lost_what_records_point_into() {
     for lost in [Some(3), None] {
         let err = records::check_log_holds(&db, lost, None).expect_err("entry 2 is gone");
         assert!(err.contains("log entry 2"), "{err}");
+    }
+}
+
+/// Records published in batches of every size, trimmed from the front at every point (in the
+/// same apply call as their publish or a later one, inside a run or at its edge), read back
+/// from every offset the same as on a node that stores them whole, and the digest and the
+/// snapshot the same too; every key left is a run, at most one per publish.
+#[test]
+fn runs_of_published_records_trim_and_read_as_records_stored_whole() {
+    let batch = |from: u32, n: u32| {
+        let records: Vec<NewRecord> = (from..from + n)
+            .map(|i| NewRecord {
+                key: None,
+                headers: vec![],
+                value: format!("value {i}").into_bytes(),
+            })
+            .collect();
+        Command::PublishBatch(crate::state::PublishBatch {
+            topic: "t".into(),
+            batches: crate::state::encode_records(&records).into(),
+            producer: None,
+        })
+    };
+    for seed in 1..=12u64 {
+        let mut rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        let mut next = |below: u64| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng % below
+        };
+        let max_records = 1 + next(40);
+        let create = Command::CreateTopic(CreateTopic {
+            name: "t".into(),
+            settings: TopicSettings {
+                max_records: Some(max_records),
+                ..Default::default()
+            },
+        });
+        let mut entries = vec![entry(1, vec![create])];
+        let mut published = 0u32;
+        for index in 2..30 {
+            let commands = (0..1 + next(3))
+                .map(|_| {
+                    let n = 1 + next(24) as u32;
+                    published += n;
+                    batch(published - n, n)
+                })
+                .collect();
+            entries.push(entry(index, commands));
+        }
+        let (_d1, db, logged) = fresh_node();
+        let log = Arc::new(MemLog::default());
+        logged.attach_log(log.clone());
+        for e in &entries {
+            log.entries
+                .lock()
+                .expect("lock")
+                .insert(e.log_id.index, e.clone());
+        }
+        let (_d2, _, whole) = fresh_node();
+        // Apply calls of 1 to 4 entries.
+        let mut rest = &entries[..];
+        while !rest.is_empty() {
+            let (now, later) = rest.split_at((1 + next(4) as usize).min(rest.len()));
+            logged.apply_blocking(now.to_vec()).expect("apply");
+            whole.apply_blocking(now.to_vec()).expect("apply");
+            rest = later;
+        }
+        let topic = logged.view().state.topics["t"].clone();
+        assert_eq!(topic.next_offset, u64::from(published), "seed {seed}");
+        assert_eq!(topic.records(), max_records.min(u64::from(published)));
+        for from in topic.first_offset..topic.next_offset {
+            let read = |sm: &SmShared| {
+                sm.read_records(&topic, from..topic.next_offset, 1_000, 1 << 20)
+                    .expect("read")
+            };
+            let got = read(&logged);
+            assert_eq!(got, read(&whole), "seed {seed}, from {from}");
+            assert_eq!(got.len() as u64, topic.next_offset - from);
+            assert_eq!(got[0].1.value, format!("value {from}").into_bytes());
+        }
+        assert_eq!(
+            logged.digest().expect("digest"),
+            whole.digest().expect("digest"),
+            "seed {seed}"
+        );
+        let cf = db.cf_handle(CF_SM).expect("sm cf");
+        let stored: Vec<u8> = db
+            .iterator_cf(
+                cf,
+                IteratorMode::From(&keys::record(topic.id, 0), Direction::Forward),
+            )
+            .map(|item| item.expect("read"))
+            .map_while(|(k, v)| keys::parse_record(&k).map(|_| v[0]))
+            .collect();
+        assert!(stored.iter().all(|f| *f == records::RECORD_RUN_FORMAT));
+        assert!(stored.len() as u64 <= topic.records());
+        let (_, logged_snapshot) = logged.build_blocking().expect("build");
+        let (_, whole_snapshot) = whole.build_blocking().expect("build");
+        assert!(whole_pairs(&logged_snapshot) == snapshot_pairs(&whole_snapshot));
     }
 }

@@ -291,8 +291,7 @@ pub fn build_from(
     for item in db.iterator_cf_opt(cf, opts, IteratorMode::Start) {
         let (k, v) = item?;
         if log.is_none() {
-            let v = reader.whole(&k, &v).map_err(SnapshotError::Corrupt)?;
-            whole.push(&k, &v, &mut put)?;
+            reader.whole(&k, &v, &mut |k, v| whole.push(k, v, &mut put))?;
             continue;
         }
         if keys::parse_record(&k).is_some() {
@@ -535,8 +534,7 @@ pub fn write_whole(path: &Path, out: impl Write) -> Result<(FileMeta, u64), Snap
     let meta = file.meta.clone();
     let mut w = Writer::start(BufWriter::new(out), FORMAT_VERSION, &meta)?;
     while let Some((k, v)) = file.next_pair()? {
-        let v = reader.whole(&k, &v).map_err(SnapshotError::Corrupt)?;
-        w.put(&k, &v)?;
+        reader.whole(&k, &v, &mut |k, v| w.put(k, v))?;
     }
     let trailer = file.finish()?;
     if let (Some((first, _)), Some(lowest)) = (trailer.linked, reader.lowest()) {

@@ -38,7 +38,9 @@ pub const MAGIC: &[u8; 8] = b"RAFTQLNK";
 /// The transfer's own version.
 const VERSION: u32 = 1;
 /// The snapshot transfer format a node receives, as `/raft/status` says it: 2 takes whole
-/// snapshots only; 4 takes linked transfers too.
+/// snapshots only; 4 takes linked transfers too, whose records point into the log one by one;
+/// 5 takes linked transfers whose records may also be runs (`records::RunValue`, data
+/// directory format 9), which a node saying 4 cannot read.
 pub const RECEIVES: u32 = crate::raft::network::LINKED_TRANSFER;
 /// Marks the end of the entries.
 const END: u64 = u64::MAX;

@@ -155,13 +155,19 @@ async fn a_follower_installs_a_linked_transfer_and_links_its_files_in_turn() {
     let db = open_db_of(&follower);
     let cf = db.cf_handle(CF_SM).expect("sm cf");
     let topic = follower.view().state.topics["t"].clone();
-    for offset in [0, topic.next_offset - 1] {
-        let value = db
-            .get_cf(cf, keys::record(topic.id, offset))
-            .expect("get")
-            .expect("stored");
-        assert_eq!(value[0], records::RECORD_AT_FORMAT, "offset {offset}");
-    }
+    let formats: Vec<u8> = db
+        .iterator_cf(
+            cf,
+            rocksdb::IteratorMode::From(&keys::record(topic.id, 0), rocksdb::Direction::Forward),
+        )
+        .map(|item| item.expect("read"))
+        .map_while(|(k, v)| keys::parse_record(&k).map(|_| v[0]))
+        .collect();
+    assert!(!formats.is_empty());
+    assert!(
+        formats.iter().all(|f| *f == records::RECORD_RUN_FORMAT),
+        "{formats:?}"
+    );
     let installed = snapshot::newest(&dir.path().join("snapshots"))
         .expect("newest")
         .expect("the installed snapshot");

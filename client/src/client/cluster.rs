@@ -105,9 +105,15 @@ impl Client {
         Ok(answer.leader_id)
     }
 
-    /// Asks the node at `url` (snapshots are per node) to build a snapshot now.
+    /// Asks the node at `url` (snapshots are per node) to build a snapshot now, with this
+    /// client's token, CA and time-outs.
     pub async fn snapshot(&self, url: &str) -> Result<SnapshotTaken, Error> {
-        let single = Client::new([url])?;
+        let single = Client {
+            transport: std::sync::Arc::new(self.transport.only(crate::transport::base_url(url)?)),
+            publish_format: self.publish_format,
+            read_format: self.read_format,
+            json_only: self.json_only.clone(),
+        };
         let call = Call {
             method: Method::POST,
             target: "v1/cluster/snapshot".to_string(),
