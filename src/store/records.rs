@@ -439,6 +439,7 @@ pub(crate) fn check_log_holds(
     }
     let prefix = [keys::TOPIC_PREFIX];
     let mode = rocksdb::IteratorMode::From(&prefix, rocksdb::Direction::Forward);
+    let mut it = db.raw_iterator_cf(cf);
     for item in db.iterator_cf(cf, mode) {
         let (k, v) = item.map_err(|e| e.to_string())?;
         if k.first() != Some(&keys::TOPIC_PREFIX) {
@@ -448,7 +449,6 @@ pub(crate) fn check_log_holds(
         if meta.records() == 0 {
             continue;
         }
-        let mut it = db.raw_iterator_cf(cf);
         let Some((_, stored)) = find(&mut it, meta.id, meta.first_offset)? else {
             continue;
         };
@@ -470,8 +470,9 @@ pub(crate) fn check_log_holds(
 
 /// Writes the published records of one apply call as runs ([`RunValue`]): each record that
 /// follows the pending run (the next offset, the next record of the same command) extends it,
-/// anything else writes it first. Trimming a topic's front keeps the rest of a run that
-/// straddles the new first offset, under that offset's key.
+/// any other starts a new one. The apply call's removals of records go through it too, so
+/// that they come after the pending run in the write batch: trimming a topic's front keeps
+/// the rest of a run that straddles the new first offset, under that offset's key.
 pub(crate) struct RunWriter<'a> {
     db: &'a rocksdb::DB,
     cf: &'a rocksdb::ColumnFamily,
@@ -529,6 +530,21 @@ impl<'a> RunWriter<'a> {
     ) -> Result<(), bincode::Error> {
         batch.put_cf(self.cf, keys::record(topic_id, first), encode_run(&run)?);
         self.written.insert((topic_id, first), run);
+        Ok(())
+    }
+
+    /// Removes every record of topic `topic_id`, the pending run's included.
+    pub(crate) fn delete_topic(
+        &mut self,
+        batch: &mut rocksdb::WriteBatch,
+        topic_id: u64,
+    ) -> Result<(), bincode::Error> {
+        self.flush(batch)?;
+        batch.delete_range_cf(
+            self.cf,
+            keys::record(topic_id, 0),
+            keys::record(topic_id + 1, 0),
+        );
         Ok(())
     }
 

@@ -120,9 +120,11 @@ impl RecordSource for DbRecords<'_> {
                 .cf_handle(CF_SM)
                 .ok_or_else(|| fault("column family sm missing".into()))?;
             let mut it = self.db.raw_iterator_cf(cf);
-            *last = records::find(&mut it, topic_id, offset)
-                .map_err(fault)?
-                .map(|(from, stored)| (topic_id, from, stored));
+            *last = match records::find(&mut it, topic_id, offset).map_err(fault)? {
+                // The value's only record, and what it is: taken, not kept and copied.
+                Some((_, records::Stored::Whole(record))) => return Ok(Some(record)),
+                found => found.map(|(from, stored)| (topic_id, from, stored)),
+            };
         }
         match last.as_ref().filter(|found| holds(found)) {
             Some((_, from, stored)) => self
@@ -408,16 +410,6 @@ impl SmShared {
         // A batch publish's records go in as one run, under the first one's key.
         let mut runs = records::RunWriter::new(&self.db, cf);
         for w in writes {
-            if !matches!(
-                w,
-                Write::PutRecord {
-                    record: Appended::Logged { .. },
-                    ..
-                }
-            ) || self.log.get().is_none()
-            {
-                runs.flush(&mut batch).map_err(enc)?;
-            }
             match w {
                 Write::PutTopic(name) => {
                     topics_touched.insert(name);
@@ -425,7 +417,7 @@ impl SmShared {
                 Write::DeleteTopic { name, id } => {
                     topics_touched.remove(&name);
                     batch.delete_cf(cf, keys::topic(&name));
-                    batch.delete_range_cf(cf, keys::record(id, 0), keys::record(id + 1, 0));
+                    runs.delete_topic(&mut batch, id).map_err(enc)?;
                     let (start, end) = keys::producers_of(id);
                     batch.delete_range_cf(cf, start, end);
                 }

@@ -1077,3 +1077,50 @@ fn runs_of_published_records_trim_and_read_as_records_stored_whole() {
         assert!(whole_pairs(&logged_snapshot) == snapshot_pairs(&whole_snapshot));
     }
 }
+
+/// A topic deleted in the same apply call that published a batch to it keeps none of that
+/// batch's records: the run is written before the topic's records are removed, and the state
+/// is what a node that stores records whole holds.
+#[test]
+fn a_topic_deleted_in_the_apply_that_published_to_it_keeps_no_run() {
+    let records: Vec<NewRecord> = (0..5)
+        .map(|i| NewRecord {
+            key: None,
+            headers: vec![],
+            value: format!("value {i}").into_bytes(),
+        })
+        .collect();
+    let publish = Command::PublishBatch(crate::state::PublishBatch {
+        topic: "t".into(),
+        batches: crate::state::encode_records(&records).into(),
+        producer: None,
+    });
+    let delete = Command::DeleteTopic(crate::state::DeleteTopic { name: "t".into() });
+    let entries = vec![
+        entry(1, vec![create_topic_t()]),
+        entry(2, vec![publish, delete]),
+    ];
+    let (_d1, db, logged) = fresh_node();
+    let log = Arc::new(MemLog::default());
+    logged.attach_log(log.clone());
+    for e in &entries {
+        log.entries
+            .lock()
+            .expect("lock")
+            .insert(e.log_id.index, e.clone());
+    }
+    let (_d2, _, whole) = fresh_node();
+    logged.apply_blocking(entries.clone()).expect("apply");
+    whole.apply_blocking(entries).expect("apply");
+    let cf = db.cf_handle(CF_SM).expect("sm cf");
+    let left: Vec<Vec<u8>> = db
+        .iterator_cf(cf, IteratorMode::Start)
+        .map(|item| item.expect("read").0.to_vec())
+        .filter(|k| keys::parse_record(k).is_some())
+        .collect();
+    assert!(left.is_empty(), "record keys left: {left:?}");
+    assert_eq!(
+        logged.digest().expect("digest"),
+        whole.digest().expect("digest")
+    );
+}
