@@ -21,7 +21,8 @@
 //! RocksDB's WAL and reach disk when a memtable is flushed): [`LogStore::durable`] is how far
 //! the local log is fsynced, and apply waits for it (`StateMachineStore::apply`).
 //!
-//! The vote, the committed id and the last purged id stay in RocksDB's `raft` family.
+//! The vote and the last purged id stay in RocksDB's `raft` family; the committed id is a hint
+//! in a file of its own beside the segments ([`CommitHint`]), written on every commit.
 
 use std::collections::VecDeque;
 use std::fmt::Debug;
@@ -38,6 +39,7 @@ use openraft::{OptionalSend, RaftLogReader};
 use rocksdb::{IteratorMode, WriteBatch, DB};
 use tokio::sync::watch;
 
+use super::commit_hint::CommitHint;
 use super::datadir::sync_dir;
 use super::segments::{SegmentError, SegmentLog, DEFAULT_SEGMENT_BYTES};
 use super::watermark::{Marks, Watermark};
@@ -113,8 +115,9 @@ impl Recent {
     }
 }
 
-fn lock(segments: &Segments) -> MutexGuard<'_, SegmentLog> {
-    segments.lock().unwrap_or_else(|p| p.into_inner())
+/// Locks `m`, whose data stays consistent even if a holder panicked.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The log store. Cheap to clone: replication tasks read through clones.
@@ -136,6 +139,8 @@ pub struct LogStore {
     keep_from: Arc<AtomicU64>,
     /// The highest committed index this node knows of, for status and readiness.
     committed: Arc<AtomicU64>,
+    /// The highest committed log id this node knows of, as saved for its next start.
+    commit_hint: Arc<Mutex<CommitHint>>,
     /// Appends, truncations and purges, in order, to the log thread.
     flusher: Arc<Flusher>,
     /// What this node has had on disk, kept outside RocksDB (none in unit tests).
@@ -688,6 +693,13 @@ impl LogStore {
                 .unwrap_or(0),
         ));
         let written = Arc::new(AtomicU64::new(log.last_index().unwrap_or(0)));
+        let mut commit_hint = CommitHint::open(log.dir())?;
+        // A directory from before the hint's file has the commit index in RocksDB.
+        let committed_key: Option<LogId> =
+            get_meta::<Option<LogId>>(&db, keys::COMMITTED)?.flatten();
+        if committed_key > commit_hint.get() {
+            commit_hint.set(committed_key)?;
+        }
         let segments = Arc::new(Mutex::new(log));
         let (tx, rx) = mpsc::channel();
         let state = Arc::new(Mutex::new(LogThread {
@@ -718,7 +730,8 @@ impl LogStore {
             first_readable: Arc::new(AtomicU64::new(last_purged.map_or(0, |l| l.index + 1))),
             // No state machine reads records from this log until `for_records`.
             keep_from: Arc::new(AtomicU64::new(u64::MAX)),
-            committed: Arc::new(AtomicU64::new(0)),
+            committed: Arc::new(AtomicU64::new(commit_hint.get().map_or(0, |c| c.index))),
+            commit_hint: Arc::new(Mutex::new(commit_hint)),
             flusher: Arc::new(Flusher {
                 tx: Some(tx),
                 thread: Some(thread),
@@ -728,9 +741,6 @@ impl LogStore {
             }),
             watermark,
         };
-        if let Ok(Some(Some(c))) = store.get_meta::<Option<LogId>>(keys::COMMITTED) {
-            store.committed.store(c.index, Ordering::Relaxed);
-        }
         Ok(store)
     }
 
@@ -845,14 +855,6 @@ impl LogStore {
         })
         .await
         .unwrap_or_else(|join| Err(to_io(format!("write task failed: {join}"))))
-    }
-
-    /// An unsynced RocksDB write, inline rather than on the blocking pool: it only copies into
-    /// the memtable and the WAL's page cache, which costs less than two thread hand-offs.
-    fn write_unsynced(&self, batch: WriteBatch) -> StorageResult<()> {
-        self.db
-            .write_opt(batch, &super::write_options(false))
-            .map_err(to_io)
     }
 
     /// The last purged log id, and the log's end: its last entry, or the purge point when no
@@ -989,10 +991,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         if let Some(c) = &committed {
             self.committed.fetch_max(c.index, Ordering::Relaxed);
         }
-        let mut batch = WriteBatch::default();
-        let bytes = values::encode(&committed).map_err(to_io)?;
-        batch.put_cf(self.cf(CF_RAFT)?, keys::COMMITTED, bytes);
-        self.write_unsynced(batch)
+        lock(&self.commit_hint).set(committed).map_err(to_io)
     }
 
     /// The commit index saved, but never beyond the log's end. A follower learns that entries
@@ -1002,7 +1001,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     /// it at start and cannot read what is not there, so start-up would fail; what the log lost
     /// was never acknowledged by this node, and the leader sends it again.
     async fn read_committed(&mut self) -> StorageResult<Option<LogId>> {
-        let Some(committed) = self.get_meta::<Option<LogId>>(keys::COMMITTED)?.flatten() else {
+        let Some(committed) = lock(&self.commit_hint).get() else {
             return Ok(None);
         };
         let (_, end) = self.purged_and_end()?;

@@ -169,6 +169,45 @@ async fn a_commit_index_past_the_log_reads_back_as_its_end() {
     );
 }
 
+/// The commit index saved is read back after a restart (from the hint's file, written without
+/// a sync), and a directory from before the file, which kept it in RocksDB's `raft` family, is
+/// read as the greater of the key and the file.
+#[tokio::test]
+async fn the_commit_index_is_read_back_after_a_restart() {
+    async fn reopened(root: &Path, db: &Arc<DB>) -> (LogStore, Option<LogId>) {
+        let log = open_segments(db, &root.join("log"), 9).expect("open the log");
+        let mut store = LogStore::new(db.clone(), log).expect("log store");
+        let committed = store.read_committed().await.expect("read");
+        (store, committed)
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (db, mut store) = open_store(dir.path(), 0);
+    append_flushed(&mut store, (1..=9).map(|i| blank(2, i)).collect()).await;
+    store
+        .save_committed(Some(log_id(2, 4)))
+        .await
+        .expect("save");
+    store
+        .save_committed(Some(log_id(2, 6)))
+        .await
+        .expect("save");
+    drop(store);
+    let (store, committed) = reopened(dir.path(), &db).await;
+    assert_eq!(committed, Some(log_id(2, 6)));
+    assert_eq!(store.committed_index().load(Ordering::Relaxed), 6);
+    drop(store);
+    // An older key is ignored; a newer one (a directory written by an older raftq since) wins.
+    put_raft_meta(&db, keys::COMMITTED, &Some(log_id(2, 5)));
+    assert_eq!(reopened(dir.path(), &db).await.1, Some(log_id(2, 6)));
+    put_raft_meta(&db, keys::COMMITTED, &Some(log_id(2, 8)));
+    assert_eq!(reopened(dir.path(), &db).await.1, Some(log_id(2, 8)));
+    // The hint's file gone (lost with a power loss before it reached the disk): the key.
+    std::fs::remove_file(dir.path().join("log").join(super::super::commit_hint::FILE))
+        .expect("remove");
+    put_raft_meta(&db, keys::COMMITTED, &Some(log_id(2, 7)));
+    assert_eq!(reopened(dir.path(), &db).await.1, Some(log_id(2, 7)));
+}
+
 /// Entries are removed from the front only by a purge, recorded first: a log that starts
 /// after the entry following the last purged one lost the entries in between.
 #[tokio::test]

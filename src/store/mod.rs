@@ -3,8 +3,10 @@
 //!
 //! - `log`: empty since data directory format 5 (the Raft log's entries moved to segment files;
 //!   `log::move_log_family` moves an older directory's). Kept so that older stores open.
-//! - `raft`: Raft metadata: the vote, the committed log id, the last purged log id, and the
-//!   record that every value carries a format byte (`values`).
+//! - `raft`: Raft metadata: the vote, the last purged log id, and the record that every value
+//!   carries a format byte (`values`). The committed log id was kept here until it moved to a
+//!   file of its own (`commit_hint`); the key is still read, and a restore from a backup
+//!   writes it.
 //! - `sm`: the state machine: topic metadata, records, applied log id, membership, clock.
 //!
 //! The state machine's applies skip RocksDB's WAL: the Raft log is its log. They reach disk when
@@ -17,11 +19,13 @@
 #![allow(clippy::result_large_err)]
 
 pub mod backup;
+pub mod commit_hint;
 pub mod datadir;
 pub mod faults;
 pub mod log;
 pub mod records;
 pub mod segments;
+pub mod slots;
 pub mod sm;
 pub mod snapshot;
 pub mod subs;

@@ -460,6 +460,11 @@ impl SegmentLog {
         self.segments.iter().rev().find_map(Segment::last)
     }
 
+    /// The directory of the log's files.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// Appends entry `index` (the one after the last, or any index on an empty log). Readable
     /// at once; durable after the next [`sync`](Self::sync).
     pub fn append(&mut self, index: u64, payload: &[u8]) -> Result<(), SegmentError> {

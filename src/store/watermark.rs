@@ -19,25 +19,27 @@
 //!   uncommitted tail replaced by the leader's log), so the watermark never claims entries that
 //!   were removed on purpose.
 //!
-//! The file (`DURABLE` in the data directory) holds two fixed slots written in turn, each with a
-//! sequence number and a CRC-32: a torn write of one slot leaves the other, older one valid.
+//! The file (`DURABLE` in the data directory) is a [`SlotFile`]: two fixed slots written in
+//! turn and fdatasynced, each with a sequence number and a CRC-32, so that a torn write of one
+//! slot leaves the other, older one valid.
 
-use std::fs::{File, OpenOptions};
-use std::io::{self, Read as _};
-use std::os::unix::fs::FileExt as _;
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
+
+use super::slots::{Kind, SlotFile};
 
 /// The watermark file's name in the data directory.
 pub const FILE: &str = "DURABLE";
 /// Longest the log index of the watermark lags behind the log's fsyncs.
 pub const LAZY_EVERY: Duration = Duration::from_millis(100);
 
-const MAGIC: u32 = 0x5251_4457; // "RQDW"
-const FORMAT: u16 = 1;
-const SLOT_BYTES: usize = 40;
+const KIND: Kind = Kind {
+    magic: 0x5251_4457, // "RQDW"
+    format: 1,
+};
 
 /// What the watermark says is durable.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -49,66 +51,37 @@ pub struct Marks {
     pub vote_term: u64,
 }
 
-fn encode(seq: u64, marks: Marks) -> [u8; SLOT_BYTES] {
-    let mut b = [0u8; SLOT_BYTES];
-    b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
-    b[4..6].copy_from_slice(&FORMAT.to_le_bytes());
-    b[8..16].copy_from_slice(&seq.to_le_bytes());
-    b[16..24].copy_from_slice(&marks.log_index.to_le_bytes());
-    b[24..32].copy_from_slice(&marks.vote_term.to_le_bytes());
-    let crc = crc32fast::hash(&b[..32]);
-    b[32..36].copy_from_slice(&crc.to_le_bytes());
-    b
-}
-
-/// A slot's sequence number and marks, or `None` when it is torn, empty or not ours.
-fn decode(b: &[u8]) -> Option<(u64, Marks)> {
-    let b: &[u8; SLOT_BYTES] = b.try_into().ok()?;
-    let word = |r: std::ops::Range<usize>| u64::from_le_bytes(b[r].try_into().unwrap_or([0; 8]));
-    if u32::from_le_bytes([b[0], b[1], b[2], b[3]]) != MAGIC
-        || u16::from_le_bytes([b[4], b[5]]) != FORMAT
-        || u32::from_le_bytes([b[32], b[33], b[34], b[35]]) != crc32fast::hash(&b[..32])
-    {
-        return None;
+impl Marks {
+    fn words(self) -> [u64; 2] {
+        [self.log_index, self.vote_term]
     }
-    Some((
-        word(8..16),
+
+    fn from_words([log_index, vote_term]: [u64; 2]) -> Marks {
         Marks {
-            log_index: word(16..24),
-            vote_term: word(24..32),
-        },
-    ))
+            log_index,
+            vote_term,
+        }
+    }
 }
 
 /// Reads the watermark of the data directory `dir`: `Ok(None)` when there is none (a new
 /// directory, or one from before watermarks); an error when the file exists but neither slot
 /// is valid.
 pub fn read(dir: &Path) -> io::Result<Option<Marks>> {
-    let mut bytes = Vec::new();
-    match File::open(dir.join(FILE)) {
-        Ok(mut f) => f.read_to_end(&mut bytes)?,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e),
-    };
-    newest_slot(&bytes).map(|(_, m)| Some(m)).ok_or_else(|| {
-        io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("{} holds no valid watermark", dir.join(FILE).display()),
-        )
-    })
-}
-
-fn newest_slot(bytes: &[u8]) -> Option<(u64, Marks)> {
-    bytes
-        .chunks(SLOT_BYTES)
-        .take(2)
-        .filter_map(decode)
-        .max_by_key(|(seq, _)| *seq)
+    let path = dir.join(FILE);
+    SlotFile::<2>::read(&path, KIND)
+        .map(|found| found.map(Marks::from_words))
+        .map_err(|e| match e.kind() {
+            io::ErrorKind::InvalidData => io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{} holds no valid watermark", path.display()),
+            ),
+            _ => e,
+        })
 }
 
 struct Slots {
-    file: File,
-    seq: u64,
+    file: SlotFile<2>,
     marks: Marks,
 }
 
@@ -117,11 +90,7 @@ impl Slots {
         if marks == self.marks {
             return Ok(());
         }
-        let seq = self.seq + 1;
-        let offset = (seq % 2) * SLOT_BYTES as u64;
-        self.file.write_all_at(&encode(seq, marks), offset)?;
-        self.file.sync_data()?;
-        self.seq = seq;
+        self.file.write(&marks.words(), true)?;
         self.marks = marks;
         Ok(())
     }
@@ -151,21 +120,15 @@ impl Watermark {
     /// store holds now, checked against the file by the caller before this).
     pub fn open(dir: &Path, current: Marks) -> io::Result<Arc<Watermark>> {
         let path = dir.join(FILE);
-        let existed = path.exists();
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)?;
-        let mut bytes = Vec::new();
-        (&file).read_to_end(&mut bytes)?;
-        let (seq, marks) = newest_slot(&bytes).unwrap_or((0, Marks::default()));
-        let mut slots = Slots { file, seq, marks };
-        // Start from what the store holds now: never more than was found on disk before.
-        slots.marks = Marks {
-            log_index: u64::MAX,
-            vote_term: u64::MAX,
+        let (file, _, existed) = SlotFile::open(&path, KIND)?;
+        // Start from what the store holds now: never more than was found on disk before. (The
+        // marks set here differ from any `current`, so that it is written.)
+        let mut slots = Slots {
+            file,
+            marks: Marks {
+                log_index: u64::MAX,
+                vote_term: u64::MAX,
+            },
         };
         slots.write(current)?;
         if !existed {
@@ -341,9 +304,12 @@ mod tests {
             log_index: 42,
             vote_term: 7,
         };
-        assert_eq!(decode(&bytes), Some((9, marks)));
         assert_eq!(
-            encode(9, marks).to_vec(),
+            SlotFile::<2>::decode(KIND, &bytes),
+            Some((9, marks.words()))
+        );
+        assert_eq!(
+            SlotFile::<2>::encode(KIND, 9, &marks.words()),
             bytes,
             "the slot's layout changed"
         );
@@ -362,7 +328,8 @@ mod tests {
         // Tear the newest slot: the one before it is read.
         let path = dir.path().join(FILE);
         let mut bytes = std::fs::read(&path).expect("file");
-        let newest = (w.slots().seq % 2) as usize * SLOT_BYTES;
+        const SLOT_BYTES: usize = SlotFile::<2>::SLOT_BYTES;
+        let newest = (w.slots().file.seq() % 2) as usize * SLOT_BYTES;
         bytes[newest + 20] ^= 0xff;
         std::fs::write(&path, &bytes).expect("tear");
         assert_eq!(read(dir.path()).expect("read"), Some(marks(5, 3)));
