@@ -233,11 +233,13 @@ async fn requests_beyond_the_in_flight_limit_get_429_and_a_refused_publish_chang
     c.create_topic("t").await;
     let base = c.url(1);
 
-    // Long-poll reads of the empty topic hold every request slot for a few seconds.
+    // Long-poll reads of the empty topic hold every request slot, long enough that the checks
+    // below run while they wait even on a loaded machine (with 4 s the test failed once under
+    // load).
     let polls: Vec<_> = (0..IN_FLIGHT)
         .map(|_| {
             let http = c.http().clone();
-            let url = format!("{base}/v1/topics/t/records?from=first&wait_ms=4000");
+            let url = format!("{base}/v1/topics/t/records?from=first&wait_ms=15000");
             tokio::spawn(async move {
                 let resp = http.get(url).send().await.expect("long-poll");
                 let status = resp.status().as_u16();
@@ -249,7 +251,7 @@ async fn requests_beyond_the_in_flight_limit_get_429_and_a_refused_publish_chang
     // Once they all wait, any further /v1 request is refused: wait for the first refusal.
     c.wait_for(
         "every request slot held",
-        Duration::from_secs(3),
+        Duration::from_secs(10),
         || async {
             match c.http().get(format!("{base}/v1/cluster")).send().await {
                 Ok(r) if r.status().as_u16() == 429 => Ok(()),
