@@ -291,14 +291,24 @@ impl Drop for Flusher {
 /// succeeds would not bring them back. It ends when the last `LogStore` clone is dropped.
 fn run_flusher(state: Arc<Mutex<LogThread>>, rx: mpsc::Receiver<Op>, pending: Arc<AtomicU64>) {
     while let Ok(first) = rx.recv() {
-        if cfg!(feature = "negative-control-unsafe-early-flush") {
-            // The negative control fsyncs on a timer, like a broker that flushes now and then;
-            // it has told openraft "flushed" already (see `append`).
-            std::thread::sleep(NEGATIVE_CONTROL_FSYNC_EVERY);
-        }
+        // The negative control fsyncs on a timer, like a broker that flushes now and then; it
+        // has told openraft "flushed" already (see `append`). It still writes each append to
+        // the files as it comes, as such a broker does, so that a snapshot finds the entries it
+        // links there.
+        let early = cfg!(feature = "negative-control-unsafe-early-flush");
+        let fsync_at = std::time::Instant::now() + NEGATIVE_CONTROL_FSYNC_EVERY;
+        let more = std::iter::from_fn(|| {
+            if !early {
+                return rx.try_recv().ok();
+            }
+            let now = std::time::Instant::now();
+            (now < fsync_at)
+                .then(|| rx.recv_timeout(fsync_at - now).ok())
+                .flatten()
+        });
         let mut thread = state.lock().unwrap_or_else(|p| p.into_inner());
         let mut done = 0;
-        for op in std::iter::once(first).chain(rx.try_iter()) {
+        for op in std::iter::once(first).chain(more) {
             done += 1;
             match op {
                 Op::Append(q) => thread.write(q),
