@@ -180,7 +180,7 @@ impl Durable {
     }
 
     fn at(&self) -> MutexGuard<'_, DurableAt> {
-        self.at.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.at)
     }
 
     fn epoch(&self) -> u64 {
@@ -306,7 +306,7 @@ fn run_flusher(state: Arc<Mutex<LogThread>>, rx: mpsc::Receiver<Op>, pending: Ar
                 .then(|| rx.recv_timeout(fsync_at - now).ok())
                 .flatten()
         });
-        let mut thread = state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut thread = lock(&state);
         let mut done = 0;
         for op in std::iter::once(first).chain(more) {
             done += 1;
@@ -630,7 +630,7 @@ pub struct LogEntries {
 impl super::records::EntrySource for LogEntries {
     fn entry(&self, index: u64) -> Result<Entry, String> {
         {
-            let recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+            let recent = lock(&self.recent);
             if let Some(first) = recent.first_index().filter(|first| *first <= index) {
                 if let Some((entry, _)) = recent.entries.get((index - first) as usize) {
                     return Ok(entry.clone());
@@ -808,7 +808,7 @@ impl LogStore {
     }
 
     fn recent(&self) -> MutexGuard<'_, Recent> {
-        self.recent.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.recent)
     }
 
     fn send(&self, op: Op) -> StorageResult<()> {

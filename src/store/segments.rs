@@ -120,10 +120,13 @@ fn frame(index: u64, payload: &[u8]) -> Result<Vec<u8>, SegmentError> {
 
 /// Gives the segment its full size up front (`fallocate` without `FALLOC_FL_KEEP_SIZE`): its
 /// blocks are reserved and read back as zeros until written, and its size does not change as
-/// frames are appended, so an fdatasync after an append writes the data alone, not the inode
-/// (on ext4 a size change makes every fdatasync commit the file system's journal too: about
-/// 220 µs per fdatasync against 150 µs here, on the same disk). No zeros are written. Best
-/// effort: on a file system without `fallocate` the file grows as frames are appended.
+/// frames are appended, so an fdatasync after an append does not record a new size. It still
+/// writes metadata: ext4 keeps the reserved blocks as unwritten extents and marks the ones an
+/// append wrote as written at the fdatasync. Measured alone on ext4 (a 32 KiB append then an
+/// fdatasync): about 270 µs when the file grows, 170 to 190 µs here, 95 to 110 µs into blocks
+/// already written with zeros. No zeros are written: that would write every byte of the log
+/// twice (docs/performance.md, step 16's experiments). Best effort: on a file system without
+/// `fallocate` the file grows as frames are appended.
 fn preallocate(file: &File, bytes: u64) {
     use std::os::fd::AsRawFd;
     let len = libc::off_t::try_from(bytes).unwrap_or(libc::off_t::MAX);
