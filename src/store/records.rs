@@ -292,6 +292,23 @@ pub(crate) fn points_into(bytes: &[u8]) -> Result<Option<u64>, String> {
     }
 }
 
+/// An iterator over the record keys of topic `topic_id` below offset `end`. Bounded both ways:
+/// past a topic's records come other keys (after the newest topic's, the subscriptions'), and
+/// an iterator that steps onto them walks every key deleted there (acked leases, deleted
+/// topics and subscriptions, each a tombstone until compaction drops it) before it finds a
+/// live one, on every read at a topic's end.
+pub(crate) fn topic_iter<'a>(
+    db: &'a rocksdb::DB,
+    cf: &'a rocksdb::ColumnFamily,
+    topic_id: u64,
+    end: u64,
+) -> rocksdb::DBRawIterator<'a> {
+    let mut opts = rocksdb::ReadOptions::default();
+    opts.set_iterate_lower_bound(keys::record(topic_id, 0).to_vec());
+    opts.set_iterate_upper_bound(keys::record(topic_id, end).to_vec());
+    db.raw_iterator_cf_opt(cf, opts)
+}
+
 /// Where the record of `topic_id` at `offset` is stored: the stored value whose key is the
 /// greatest at or below the offset's, if it holds the offset (its key's offset and the
 /// value, decoded). `it` is left on that key.
@@ -300,7 +317,15 @@ pub(crate) fn find(
     topic_id: u64,
     offset: u64,
 ) -> Result<Option<(u64, Stored)>, String> {
-    it.seek_for_prev(keys::record(topic_id, offset));
+    // A value under `offset` itself is found going forward. Going back from a topic's first
+    // key (always its front's offset, after a trim too) steps onto the keys a trim or a topic
+    // deletion removed with a range tombstone, and RocksDB walks every one of them, lower
+    // bound or not, until compaction drops them.
+    let key = keys::record(topic_id, offset);
+    it.seek(key);
+    if !(it.valid() && it.key() == Some(&key[..])) {
+        it.seek_for_prev(key);
+    }
     if !it.valid() {
         it.status().map_err(|e| format!("RocksDB: {e}"))?;
         return Ok(None);
@@ -439,7 +464,6 @@ pub(crate) fn check_log_holds(
     }
     let prefix = [keys::TOPIC_PREFIX];
     let mode = rocksdb::IteratorMode::From(&prefix, rocksdb::Direction::Forward);
-    let mut it = db.raw_iterator_cf(cf);
     for item in db.iterator_cf(cf, mode) {
         let (k, v) = item.map_err(|e| e.to_string())?;
         if k.first() != Some(&keys::TOPIC_PREFIX) {
@@ -449,6 +473,7 @@ pub(crate) fn check_log_holds(
         if meta.records() == 0 {
             continue;
         }
+        let mut it = topic_iter(db, cf, meta.id, meta.first_offset.saturating_add(1));
         let Some((_, stored)) = find(&mut it, meta.id, meta.first_offset)? else {
             continue;
         };
@@ -584,7 +609,7 @@ impl<'a> RunWriter<'a> {
             .range((topic_id, 0)..=(topic_id, offset))
             .next_back()
             .map(|(&(_, first), run)| (first, *run));
-        let mut it = self.db.raw_iterator_cf(self.cf);
+        let mut it = topic_iter(self.db, self.cf, topic_id, offset.saturating_add(1));
         let stored = match find(&mut it, topic_id, offset)? {
             Some((first, Stored::Run(run))) => Some((first, run)),
             _ => None,

@@ -119,7 +119,7 @@ impl RecordSource for DbRecords<'_> {
                 .db
                 .cf_handle(CF_SM)
                 .ok_or_else(|| fault("column family sm missing".into()))?;
-            let mut it = self.db.raw_iterator_cf(cf);
+            let mut it = records::topic_iter(self.db, cf, topic_id, offset.saturating_add(1));
             *last = match records::find(&mut it, topic_id, offset).map_err(fault)? {
                 // The value's only record, and what it is: taken, not kept and copied.
                 Some((_, records::Stored::Whole(record))) => return Ok(Some(record)),
@@ -275,7 +275,7 @@ impl SmShared {
         let reader = records::Reader::new(sources.as_ref().map(|s| s as &dyn records::EntrySource));
         let mut out = Vec::new();
         let mut bytes = 0u64;
-        let mut it = self.db.raw_iterator_cf(cf);
+        let mut it = records::topic_iter(&self.db, cf, topic.id, end);
         // The value holding `from` (a run may start below it), else the first after it.
         if records::find(&mut it, topic.id, from)?.is_none() {
             it.seek(keys::record(topic.id, from));

@@ -1124,3 +1124,108 @@ fn a_topic_deleted_in_the_apply_that_published_to_it_keeps_no_run() {
         whole.digest().expect("digest")
     );
 }
+
+/// A read of the newest topic does not walk the deleted keys around its records: after them
+/// lie the subscriptions', and a subscription deleted with its topic (here after 2,000 leases
+/// and acks) leaves its keys in place until compaction drops them; before them lie the deleted
+/// topic's records. Read unbounded, every read at the topic's end stepped over all those after
+/// it (readers following a producer ran several times slower after a consume-and-ack run on the
+/// same cluster), and a read from its first key, found going back, all those before it.
+#[test]
+fn a_read_at_a_topics_end_skips_no_deleted_keys_after_it() {
+    use crate::state::{DeleteTopic, Outcome, ReceiptAction, SettleReceipts};
+    use rocksdb::perf::{set_perf_stats, PerfContext, PerfMetric, PerfStatsLevel};
+    let (_dir, _db, shared) = fresh_node();
+    let topic = |name: &str| {
+        Command::CreateTopic(CreateTopic {
+            name: name.into(),
+            settings: TopicSettings::default(),
+        })
+    };
+    let publish_to = |name: &str, n: usize| {
+        Command::Publish(Publish {
+            topic: name.into(),
+            records: (0..n)
+                .map(|i| NewRecord {
+                    key: None,
+                    headers: vec![],
+                    value: format!("v{i}").into_bytes(),
+                })
+                .collect(),
+            producer: None,
+        })
+    };
+    let Command::CreateSubscription(mut sub_on_a) = create_sub_s() else {
+        unreachable!()
+    };
+    sub_on_a.topic = "a".into();
+    let sub = SubRef {
+        topic: "a".into(),
+        name: "s".into(),
+    };
+    // Topic `a` and its subscription first, then `t`: `t`'s records are the last record keys.
+    shared
+        .apply_blocking(vec![
+            entry(
+                1,
+                vec![
+                    topic("a"),
+                    Command::CreateSubscription(sub_on_a),
+                    topic("t"),
+                ],
+            ),
+            entry(2, vec![publish_to("a", 2_000), publish_to("t", 3)]),
+        ])
+        .expect("apply");
+    let mut index = 3;
+    for _ in 0..2 {
+        let pull = Command::Pull(Pull {
+            sub: sub.clone(),
+            max: 1_000,
+            ack_timeout_ms: None,
+        });
+        let resp = shared
+            .apply_blocking(vec![entry(index, vec![pull])])
+            .expect("pull");
+        let Ok(Outcome::Pulled(delivered)) = &resp[0].results[0] else {
+            panic!("pull answered {:?}", resp[0].results);
+        };
+        assert_eq!(delivered.len(), 1_000);
+        let ack = Command::SettleReceipts(SettleReceipts {
+            sub: sub.clone(),
+            action: ReceiptAction::Ack,
+            receipts: delivered.iter().map(|d| d.receipt).collect(),
+        });
+        shared
+            .apply_blocking(vec![entry(index + 1, vec![ack])])
+            .expect("ack");
+        index += 2;
+    }
+    let delete = Command::DeleteTopic(DeleteTopic { name: "a".into() });
+    shared
+        .apply_blocking(vec![entry(index, vec![delete])])
+        .expect("delete");
+
+    let t = shared.view().state.topics["t"].clone();
+    assert_eq!((t.first_offset, t.next_offset), (0, 3));
+    set_perf_stats(PerfStatsLevel::EnableCount);
+    let mut perf = PerfContext::default();
+    // The last record, and nothing yet at the end (what a reader following a producer asks),
+    // then from within the topic and from its first key.
+    for (offsets, want) in [(2..3, 1), (3..3, 0), (1..3, 2), (0..3, 3)] {
+        perf.reset();
+        let got = shared
+            .read_records(&t, offsets.clone(), 100, 1 << 20)
+            .expect("read");
+        // Every key the read stepped over, live or deleted (all of them are in the memtable).
+        let steps = perf.metric(PerfMetric::NextOnMemtableCount)
+            + perf.metric(PerfMetric::PrevOnMemtableCount);
+        assert_eq!(got.len(), want, "{offsets:?}");
+        assert!(
+            steps < 20,
+            "reading {offsets:?} stepped over {steps} keys: {}",
+            perf.report(true)
+        );
+    }
+    set_perf_stats(PerfStatsLevel::Disable);
+}
