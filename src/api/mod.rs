@@ -287,10 +287,39 @@ impl<T> RecordsAnswer<T> {
     }
 }
 
-impl<T: serde::Serialize> IntoResponse for RecordsAnswer<T> {
+/// An answer holding records, as a JSON body.
+pub trait JsonBody {
+    fn json_body(&self) -> serde_json::Result<Vec<u8>>;
+}
+
+impl JsonBody for raftq_client::api::PullResponse {
+    fn json_body(&self) -> serde_json::Result<Vec<u8>> {
+        self.to_json()
+    }
+}
+
+impl JsonBody for raftq_client::api::ReadResponse {
+    fn json_body(&self) -> serde_json::Result<Vec<u8>> {
+        self.to_json()
+    }
+}
+
+impl<T: JsonBody> IntoResponse for RecordsAnswer<T> {
     fn into_response(self) -> Response {
         match self {
-            RecordsAnswer::Json(answer) => axum::Json(answer).into_response(),
+            RecordsAnswer::Json(answer) => match answer.json_body() {
+                Ok(body) => (
+                    [(
+                        axum::http::header::CONTENT_TYPE,
+                        axum::http::HeaderValue::from_static("application/json"),
+                    )],
+                    body,
+                )
+                    .into_response(),
+                Err(e) => {
+                    ApiError::internal(format!("encoding the answer as JSON: {e}")).into_response()
+                }
+            },
             RecordsAnswer::Binary(body) => (
                 [(
                     axum::http::header::CONTENT_TYPE,

@@ -257,6 +257,43 @@ pub struct ReadResponse {
     pub skipped: u64,
 }
 
+impl ReadResponse {
+    /// This answer as JSON: the bytes serde writes for it, written faster
+    /// (`value::write_with_value`).
+    pub fn to_json(&self) -> serde_json::Result<Vec<u8>> {
+        let values: usize = self.records.iter().map(|r| r.value.len()).sum();
+        let mut out = Vec::with_capacity(96 + values / 3 * 4 + 128 * self.records.len());
+        out.extend_from_slice(br#"{"records":["#);
+        for (i, r) in self.records.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            let head = value::json::RecordHead {
+                offset: r.offset,
+                timestamp_ms: r.timestamp_ms,
+                key: &r.key,
+                headers: &r.headers,
+            };
+            value::write_with_value(&mut out, &head, &r.value)?;
+        }
+        out.extend_from_slice(b"],");
+        #[derive(Serialize)]
+        struct Rest {
+            next_offset: u64,
+            high_watermark: u64,
+            skipped: u64,
+        }
+        let rest = serde_json::to_vec(&Rest {
+            next_offset: self.next_offset,
+            high_watermark: self.high_watermark,
+            skipped: self.skipped,
+        })?;
+        // `{"next_offset":…}` without its opening brace.
+        out.extend_from_slice(&rest[1..]);
+        Ok(out)
+    }
+}
+
 /// Where a read starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReadFrom {

@@ -223,6 +223,33 @@ pub struct PullResponse {
     pub messages: Vec<Message>,
 }
 
+impl PullResponse {
+    /// This answer as JSON: the bytes serde writes for it, written faster
+    /// (`value::write_with_value`).
+    pub fn to_json(&self) -> serde_json::Result<Vec<u8>> {
+        let values: usize = self.messages.iter().map(|m| m.value.len()).sum();
+        let mut out = Vec::with_capacity(16 + values / 3 * 4 + 256 * self.messages.len());
+        out.extend_from_slice(br#"{"messages":["#);
+        for (i, m) in self.messages.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            let head = super::value::json::MessageHead {
+                receipt: &m.receipt,
+                offset: m.offset,
+                delivery_count: m.delivery_count,
+                lease_expires_ms: m.lease_expires_ms,
+                timestamp_ms: m.timestamp_ms,
+                key: &m.key,
+                headers: &m.headers,
+            };
+            super::value::write_with_value(&mut out, &head, &m.value)?;
+        }
+        out.extend_from_slice(b"]}");
+        Ok(out)
+    }
+}
+
 /// Body of `POST .../ack`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

@@ -91,3 +91,100 @@ fn read_from_parses() {
     assert!("-1".parse::<ReadFrom>().is_err());
     assert!("latest".parse::<ReadFrom>().is_err());
 }
+
+/// Values that are text (with characters JSON escapes), binary, empty or long, with and
+/// without a key and headers.
+fn values_of_every_kind() -> Vec<(Bytes, Option<String>, BTreeMap<String, String>)> {
+    let headers = BTreeMap::from([
+        ("h".to_string(), "v\"\n".to_string()),
+        ("é".to_string(), String::new()),
+    ]);
+    vec![
+        (Bytes::from_static(b"plain text"), None, BTreeMap::new()),
+        (
+            Bytes::from_static(b"quote \" backslash \\ tab \t nul \0 \x1f"),
+            Some("k\\".into()),
+            headers.clone(),
+        ),
+        (
+            Bytes::from("caf\u{e9} \u{1F600}"),
+            Some(String::new()),
+            BTreeMap::new(),
+        ),
+        (Bytes::new(), None, headers.clone()),
+        (Bytes::from_static(&[0xff]), None, BTreeMap::new()),
+        (
+            Bytes::from_static(&[0xff, 0]),
+            Some("k".into()),
+            headers.clone(),
+        ),
+        (Bytes::from_static(&[0xc3, 0x28, 1]), None, BTreeMap::new()),
+        (
+            Bytes::from((0..=255u8).cycle().take(1_025).collect::<Vec<u8>>()),
+            None,
+            headers,
+        ),
+    ]
+}
+
+/// The pull and read answers' JSON, written without serde for speed, is byte for byte what
+/// serde writes, and reads back as the same answer; empty answers too.
+#[test]
+fn answers_written_as_json_directly_are_what_serde_writes() {
+    let values = values_of_every_kind();
+    let messages: Vec<Message> = values
+        .iter()
+        .enumerate()
+        .map(|(i, (value, key, headers))| Message {
+            receipt: format!("r{i}"),
+            offset: i as u64,
+            delivery_count: 1 + i as u32,
+            lease_expires_ms: 1_000 + i as u64,
+            timestamp_ms: 2_000 + i as u64,
+            key: key.clone(),
+            headers: headers.clone(),
+            value: value.clone(),
+        })
+        .collect();
+    let records: Vec<Record> = values
+        .iter()
+        .enumerate()
+        .map(|(i, (value, key, headers))| Record {
+            offset: u64::MAX - i as u64,
+            timestamp_ms: i as u64,
+            key: key.clone(),
+            headers: headers.clone(),
+            value: value.clone(),
+        })
+        .collect();
+    for n in [0, 1, messages.len()] {
+        let pull = PullResponse {
+            messages: messages[..n].to_vec(),
+        };
+        let fast = pull.to_json().expect("write");
+        assert_eq!(
+            String::from_utf8_lossy(&fast),
+            String::from_utf8_lossy(&serde_json::to_vec(&pull).expect("serde")),
+        );
+        assert_eq!(
+            serde_json::from_slice::<PullResponse>(&fast).expect("read"),
+            pull
+        );
+
+        let read = ReadResponse {
+            records: records[..n].to_vec(),
+            next_offset: 7,
+            high_watermark: u64::MAX,
+            skipped: n as u64,
+        };
+        let fast = read.to_json().expect("write");
+        assert_eq!(
+            String::from_utf8_lossy(&fast),
+            String::from_utf8_lossy(&serde_json::to_vec(&read).expect("serde")),
+        );
+        assert_eq!(
+            serde_json::from_slice::<ReadResponse>(&fast).expect("read"),
+            read
+        );
+    }
+}
