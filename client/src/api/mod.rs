@@ -211,14 +211,22 @@ impl Serialize for Record {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let (value, value_b64) = value::to_json(&self.value);
         value::json::RecordRef {
-            offset: self.offset,
-            timestamp_ms: self.timestamp_ms,
-            key: &self.key,
-            headers: &self.headers,
+            head: self.head(),
             value,
             value_b64,
         }
         .serialize(s)
+    }
+}
+
+impl Record {
+    fn head(&self) -> value::json::RecordHead<'_> {
+        value::json::RecordHead {
+            offset: self.offset,
+            timestamp_ms: self.timestamp_ms,
+            key: &self.key,
+            headers: &self.headers,
+        }
     }
 }
 
@@ -263,20 +271,10 @@ impl ReadResponse {
     pub fn to_json(&self) -> serde_json::Result<Vec<u8>> {
         let values: usize = self.records.iter().map(|r| r.value.len()).sum();
         let mut out = Vec::with_capacity(96 + values / 3 * 4 + 128 * self.records.len());
-        out.extend_from_slice(br#"{"records":["#);
-        for (i, r) in self.records.iter().enumerate() {
-            if i > 0 {
-                out.push(b',');
-            }
-            let head = value::json::RecordHead {
-                offset: r.offset,
-                timestamp_ms: r.timestamp_ms,
-                key: &r.key,
-                headers: &r.headers,
-            };
-            value::write_with_value(&mut out, &head, &r.value)?;
-        }
-        out.extend_from_slice(b"],");
+        out.extend_from_slice(br#"{"records":"#);
+        let items = self.records.iter().map(|r| (r.head(), &r.value[..]));
+        value::write_array(&mut out, items)?;
+        out.push(b',');
         #[derive(Serialize)]
         struct Rest {
             next_offset: u64,

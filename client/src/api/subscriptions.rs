@@ -173,6 +173,17 @@ impl Serialize for Message {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let (value, value_b64) = super::value::to_json(&self.value);
         super::value::json::MessageRef {
+            head: self.head(),
+            value,
+            value_b64,
+        }
+        .serialize(s)
+    }
+}
+
+impl Message {
+    fn head(&self) -> super::value::json::MessageHead<'_> {
+        super::value::json::MessageHead {
             receipt: &self.receipt,
             offset: self.offset,
             delivery_count: self.delivery_count,
@@ -180,10 +191,7 @@ impl Serialize for Message {
             timestamp_ms: self.timestamp_ms,
             key: &self.key,
             headers: &self.headers,
-            value,
-            value_b64,
         }
-        .serialize(s)
     }
 }
 
@@ -229,23 +237,10 @@ impl PullResponse {
     pub fn to_json(&self) -> serde_json::Result<Vec<u8>> {
         let values: usize = self.messages.iter().map(|m| m.value.len()).sum();
         let mut out = Vec::with_capacity(16 + values / 3 * 4 + 256 * self.messages.len());
-        out.extend_from_slice(br#"{"messages":["#);
-        for (i, m) in self.messages.iter().enumerate() {
-            if i > 0 {
-                out.push(b',');
-            }
-            let head = super::value::json::MessageHead {
-                receipt: &m.receipt,
-                offset: m.offset,
-                delivery_count: m.delivery_count,
-                lease_expires_ms: m.lease_expires_ms,
-                timestamp_ms: m.timestamp_ms,
-                key: &m.key,
-                headers: &m.headers,
-            };
-            super::value::write_with_value(&mut out, &head, &m.value)?;
-        }
-        out.extend_from_slice(b"]}");
+        out.extend_from_slice(br#"{"messages":"#);
+        let items = self.messages.iter().map(|m| (m.head(), &m.value[..]));
+        super::value::write_array(&mut out, items)?;
+        out.push(b'}');
         Ok(out)
     }
 }

@@ -63,6 +63,23 @@ pub(crate) fn write_with_value<T: serde::Serialize>(
     Ok(())
 }
 
+/// Writes `items`, each the fields before a value and the value, as a JSON array of objects
+/// ([`write_with_value`]).
+pub(crate) fn write_array<'a, H: serde::Serialize>(
+    out: &mut Vec<u8>,
+    items: impl IntoIterator<Item = (H, &'a [u8])>,
+) -> serde_json::Result<()> {
+    out.push(b'[');
+    for (i, (head, value)) in items.into_iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        write_with_value(out, &head, value)?;
+    }
+    out.push(b']');
+    Ok(())
+}
+
 /// The bytes of a record that JSON gave as `value` or `value_b64`, exactly one of them.
 pub(crate) fn from_json(value: Option<String>, value_b64: Option<String>) -> Result<Bytes, String> {
     match (value, value_b64) {
@@ -172,18 +189,16 @@ pub(crate) mod json {
     /// [`Record`], borrowed, for writing.
     #[derive(Serialize)]
     pub(crate) struct RecordRef<'a> {
-        pub offset: u64,
-        pub timestamp_ms: u64,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        pub key: &'a Option<String>,
-        pub headers: &'a BTreeMap<String, String>,
+        #[serde(flatten)]
+        pub head: RecordHead<'a>,
         #[serde(skip_serializing_if = "Option::is_none")]
         pub value: Option<Cow<'a, str>>,
         #[serde(skip_serializing_if = "Option::is_none")]
         pub value_b64: Option<String>,
     }
 
-    /// [`RecordRef`] without its value, for [`super::write_with_value`].
+    /// [`Record`]'s fields before its value, borrowed: written by [`RecordRef`] and by
+    /// [`super::write_with_value`].
     #[derive(Serialize)]
     pub(crate) struct RecordHead<'a> {
         pub offset: u64,
@@ -220,21 +235,16 @@ pub(crate) mod json {
     /// [`Message`], borrowed, for writing.
     #[derive(Serialize)]
     pub(crate) struct MessageRef<'a> {
-        pub receipt: &'a str,
-        pub offset: u64,
-        pub delivery_count: u32,
-        pub lease_expires_ms: u64,
-        pub timestamp_ms: u64,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        pub key: &'a Option<String>,
-        pub headers: &'a BTreeMap<String, String>,
+        #[serde(flatten)]
+        pub head: MessageHead<'a>,
         #[serde(skip_serializing_if = "Option::is_none")]
         pub value: Option<Cow<'a, str>>,
         #[serde(skip_serializing_if = "Option::is_none")]
         pub value_b64: Option<String>,
     }
 
-    /// [`MessageRef`] without its value, for [`super::write_with_value`].
+    /// [`Message`]'s fields before its value, borrowed: written by [`MessageRef`] and by
+    /// [`super::write_with_value`].
     #[derive(Serialize)]
     pub(crate) struct MessageHead<'a> {
         pub receipt: &'a str,
