@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use common::{Cluster, Load};
-use raftq_client::api::TopicConfig;
+use raftq_client::api::{RecordIn, SnapshotTaken, TopicConfig};
 
 /// Publishes `per_task` records from each of two tasks; all must be acknowledged.
 async fn publish(c: &Cluster, topic: &str, per_task: usize) -> BTreeSet<String> {
@@ -145,4 +145,133 @@ async fn a_leader_back_at_once_after_losing_its_unsynced_tail_reuses_no_log_id()
         return;
     }
     panic!("in {ATTEMPTS} attempts the leader never lost a tail its followers had");
+}
+
+/// `raft/status`'s `purged` on node `id`: the last log index its log no longer holds.
+async fn purged(c: &Cluster, id: u64) -> Result<u64, String> {
+    let resp = c
+        .http()
+        .get(format!("{}/raft/status", c.url(id)))
+        .header(common::SECRET_HEADER, common::SECRET)
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
+    let body: serde_json::Value = resp.json().await.map_err(|e| e.to_string())?;
+    Ok(body["purged"].as_u64().unwrap_or(0))
+}
+
+/// DESIGN.md, "Snapshots": a follower answers a snapshot install only once what it installed
+/// is on its disk, since the leader then counts the snapshot's entries as the follower's. Here
+/// a follower misses a stretch of log the leader purges, catches up by a linked transfer (the
+/// snapshot file and the log entries its records point into), and loses power the moment it
+/// has; the others are stopped, so nothing can send it again what it lost. Alone, it must
+/// still hold the snapshot and serve every acknowledged record from it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_losing_power_right_after_a_snapshot_install_keeps_what_it_installed() {
+    let c =
+        Cluster::start_on_fault_disks(3, &["--snapshot-logs", "40", "--snapshot-keep-logs", "5"])
+            .await;
+    let topic = "installed";
+    if let Err(e) = c
+        .client()
+        .create_topic(topic, &TopicConfig::default())
+        .await
+    {
+        c.fail(&format!("creating {topic}: {e}"));
+    }
+    c.wait_converged(topic).await;
+    let follower = c.follower_id().await;
+    c.kill(follower);
+
+    // Records the follower never saw, in about 60 entries: past two automatic snapshots.
+    let client = c.client();
+    let mut acked = BTreeSet::new();
+    for batch in 0..60 {
+        let values: Vec<String> = (0..50)
+            .map(|i| format!("r{batch:03}-{i:02}-{}", "x".repeat(200)))
+            .collect();
+        let records = values.iter().cloned().map(RecordIn::text).collect();
+        if let Err(e) = client.publish_records(topic, records).await {
+            c.fail(&format!("publishing batch {batch}: {e}"));
+        }
+        acked.extend(values);
+    }
+    // A snapshot covering every record, and the log behind it purged: the follower can only
+    // come back by that snapshot.
+    let leader = c.leader_id().await;
+    let resp = c
+        .call(reqwest::Method::POST, leader, "/v1/cluster/snapshot")
+        .await;
+    let taken: SnapshotTaken = c.json_of(resp, 200, "POST /v1/cluster/snapshot").await;
+    c.wait_for(
+        "the leader to purge the log the follower lacks",
+        Duration::from_secs(60),
+        || async {
+            match purged(&c, leader).await? {
+                p if p > 20 => Ok(()),
+                p => Err(format!("purged up to {p}")),
+            }
+        },
+    )
+    .await;
+
+    c.restart(follower).await;
+    c.wait_for(
+        "the follower to install the snapshot",
+        Duration::from_secs(60),
+        || async {
+            let s = c.status(follower).await?;
+            match s.snapshot {
+                Some(snap) if snap.index >= taken.snapshot.index => Ok(()),
+                other => Err(format!(
+                    "its snapshot is {other:?}, applied {}",
+                    s.last_applied
+                )),
+            }
+        },
+    )
+    .await;
+    // Power loss of the follower at once, and the others stopped (their page caches kept:
+    // they are not what is tested) so that none can send it the snapshot again.
+    c.kill_all();
+    let dropped = c
+        .disk(follower)
+        .drop_unsynced()
+        .unwrap_or_else(|e| c.fail(&format!("dropping the follower's unsynced writes: {e}")));
+    let log = c.log_since_last_start(follower);
+    assert!(
+        log.contains("received a linked snapshot"),
+        "the follower did not catch up by a linked transfer:\n{}",
+        common::tail(&log, 30)
+    );
+    eprintln!("the follower lost {dropped:?} of unsynced writes");
+
+    c.restart(follower).await;
+    let status = c.status(follower).await.unwrap_or_else(|e| c.fail(&e));
+    let snapshot = status.snapshot.unwrap_or_else(|| {
+        c.fail(&format!(
+            "the follower came back without a snapshot: {status:?}"
+        ))
+    });
+    assert!(
+        snapshot.index >= taken.snapshot.index && status.last_applied >= taken.snapshot.index,
+        "the follower came back with snapshot {snapshot:?} and applied {}, having installed \
+         one at {}",
+        status.last_applied,
+        taken.snapshot.index
+    );
+    let values: BTreeSet<String> = c
+        .read_all(follower, topic)
+        .await
+        .into_iter()
+        .map(|r| r.value_str().unwrap_or_default().to_string())
+        .collect();
+    let missing: Vec<&String> = acked.difference(&values).take(5).collect();
+    assert!(
+        missing.is_empty() && values.len() == acked.len(),
+        "alone after the power loss, the follower holds {} of {} acknowledged records; \
+         missing e.g. {missing:?}",
+        values.len(),
+        acked.len()
+    );
 }
