@@ -14,6 +14,8 @@
 //!   there on, in silence; the durable watermark sees the vote it lost;
 //! - bytes flipped in a data block of a table file (`.sst`), which opening the database does
 //!   not read: the node reads every table file at start to find it;
+//! - bytes flipped in a record file of the snapshot a follower installed from a linked
+//!   transfer (log entries its own log does not hold): read whole at start too;
 //! - its data directory wiped (the cluster knows it as a voter that had the log).
 
 mod common;
@@ -432,6 +434,97 @@ async fn a_node_whose_table_file_has_flipped_bytes_rejoins_as_a_learner() {
     check_rejoined(&c, node, records, true).await;
     assert!(
         c.log(node).contains("a table file fails its checks"),
+        "{}",
+        common::tail(&c.log(node), 30)
+    );
+}
+
+/// A follower that caught up by a linked transfer keeps the log entries its records point into
+/// as its snapshot's record files, which its own log does not hold. Bytes flipped in one of
+/// them: the node reads every frame of them at start, so it says so and rejoins rather than
+/// failing the reads that reach the damage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_snapshot_record_files_have_flipped_bytes_rejoins_as_a_learner() {
+    let c = Cluster::start_with(3, &["--snapshot-logs", "40", "--snapshot-keep-logs", "5"]).await;
+    let client = c.client_with_topic("kept").await;
+    c.wait_converged("kept").await;
+    let node = c.follower_id().await;
+    c.kill(node);
+    let mut records = 0;
+    for batch in 0..60 {
+        let batch_records = (0..20)
+            .map(|i| raftq_client::api::RecordIn::text(format!("{batch}-{i}-{}", "x".repeat(500))))
+            .collect();
+        if let Err(e) = client.publish_records("kept", batch_records).await {
+            c.fail(&format!("publishing batch {batch}: {e}"));
+        }
+        records += 20;
+    }
+    let leader = c.leader_id().await;
+    let resp = c
+        .call(reqwest::Method::POST, leader, "/v1/cluster/snapshot")
+        .await;
+    let taken: raftq_client::api::SnapshotTaken =
+        c.json_of(resp, 200, "POST /v1/cluster/snapshot").await;
+    // The leader purges the log behind its snapshot, once no replication request covers it.
+    c.wait_for(
+        "the leader to purge the log the follower lacks",
+        Duration::from_secs(60),
+        || async {
+            let body: serde_json::Value = c
+                .http()
+                .get(format!("{}/raft/status", c.url(leader)))
+                .header(common::SECRET_HEADER, common::SECRET)
+                .send()
+                .await
+                .map_err(|e| e.to_string())?
+                .json()
+                .await
+                .map_err(|e| e.to_string())?;
+            match body["purged"].as_u64() {
+                Some(p) if p > 20 => Ok(()),
+                other => Err(format!("purged up to {other:?}")),
+            }
+        },
+    )
+    .await;
+    c.restart(node).await;
+    c.wait_for(
+        "the follower to install the snapshot",
+        Duration::from_secs(60),
+        || async {
+            match c.status(node).await?.snapshot {
+                Some(snap) if snap.index >= taken.snapshot.index => Ok(()),
+                other => Err(format!("its snapshot is {other:?}")),
+            }
+        },
+    )
+    .await;
+    c.wait_converged("kept").await;
+    c.kill(node);
+    let log = c.log(node);
+    assert!(
+        log.contains("received a linked snapshot"),
+        "the follower did not catch up by a linked transfer:\n{}",
+        common::tail(&log, 30)
+    );
+    // The snapshot's record files: `snapshots/NAME.log/*.seg`.
+    let snapshots = c.data_dir(node).join("snapshots");
+    let linked = std::fs::read_dir(&snapshots)
+        .expect("the snapshot directory")
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .find(|p| p.is_dir() && p.extension().is_some_and(|x| x == "log"))
+        .unwrap_or_else(|| panic!("no record files in {}", snapshots.display()));
+    let (segment, _) = newest(&linked, "seg");
+    let bytes = std::fs::read(&segment).expect("the record file");
+    let written = bytes.iter().rposition(|b| *b != 0).map_or(0, |at| at + 1) as u64;
+    assert!(written > 10_000, "a record file of {written} bytes");
+    damage(&segment, written, "flip", 0.5);
+    c.restart(node).await;
+    check_rejoined(&c, node, records, true).await;
+    assert!(
+        c.log(node).contains("its record files"),
         "{}",
         common::tail(&c.log(node), 30)
     );

@@ -261,6 +261,8 @@ struct Flusher {
     /// This node's id, once known: appends of entries another leader made (this node is a
     /// follower) may be written and synced in place. 0: never.
     node_id: AtomicU64,
+    /// [`IN_PLACE_FSYNC_MAX`] in microseconds (tests set another).
+    in_place_fsync_max_us: AtomicU64,
 }
 
 /// Longest an fsync may have taken for the next follower append to be synced in place; after
@@ -748,6 +750,7 @@ impl LogStore {
                 state,
                 pending,
                 node_id: AtomicU64::new(0),
+                in_place_fsync_max_us: AtomicU64::new(IN_PLACE_FSYNC_MAX.as_micros() as u64),
             }),
             watermark,
         };
@@ -761,6 +764,15 @@ impl LogStore {
     /// replication starts while its own fsync runs.
     pub fn sync_follower_appends_in_place(&self, node_id: u64) {
         self.flusher.node_id.store(node_id, Ordering::SeqCst);
+    }
+
+    /// Sets the longest an fsync may have taken for the next follower append to be synced in
+    /// place ([`IN_PLACE_FSYNC_MAX`]): a test's disk may be slow at any moment.
+    #[cfg(test)]
+    pub(crate) fn set_in_place_fsync_max(&self, max: std::time::Duration) {
+        self.flusher
+            .in_place_fsync_max_us
+            .store(max.as_micros() as u64, Ordering::SeqCst);
     }
 
     /// The first index a read of this log returns (one past the last purged), as purges move
@@ -836,7 +848,8 @@ impl LogStore {
         let Ok(mut thread) = self.flusher.state.try_lock() else {
             return Some(q);
         };
-        if thread.last_fsync > IN_PLACE_FSYNC_MAX || !thread.waiting.is_empty() {
+        let max = self.flusher.in_place_fsync_max_us.load(Ordering::Relaxed);
+        if thread.last_fsync.as_micros() > u128::from(max) || !thread.waiting.is_empty() {
             return Some(q);
         }
         thread.write(q);

@@ -825,13 +825,32 @@ pub fn newest(dir: &Path) -> Result<Option<(FileMeta, PathBuf)>, SnapshotError> 
 }
 
 /// The entries the newest snapshot in `dir` holds in its record files (first and last), when
-/// it is linked and has them.
+/// it is linked and has them, after checking that the files hold each of those entries whole
+/// (every frame's checksum read, as the log's own are when it opens): start-up's check, so
+/// that a node whose record files lost or damaged entries its records point into says so and
+/// rejoins, instead of failing every read that reaches them.
 pub fn archived(dir: &Path) -> Result<Option<(u64, u64)>, SnapshotError> {
     let Some((_, path)) = newest(dir)? else {
         return Ok(None);
     };
     let (_, trailer) = verify_file(&path)?;
-    Ok(trailer.linked.filter(|_| linked_dir(&path).is_dir()))
+    let Some((first, last)) = trailer.linked.filter(|_| linked_dir(&path).is_dir()) else {
+        return Ok(None);
+    };
+    let segments = linked_dir(&path);
+    let held = super::segments::SegmentLog::open_read_only(&segments, last)
+        .map_err(|e| SnapshotError::Corrupt(format!("its record files: {e}")))?;
+    match (held.first_index(), held.last_index()) {
+        (Some(from), Some(to)) if from <= first && to >= last => Ok(Some((first, last))),
+        (from, to) => Err(SnapshotError::Corrupt(format!(
+            "its record files in {} hold entries {} where it needs {first} to {last}",
+            segments.display(),
+            match (from, to) {
+                (Some(from), Some(to)) => format!("{from} to {to}"),
+                _ => "none".to_string(),
+            }
+        ))),
+    }
 }
 
 /// Removes every snapshot in `dir` except `keep` (and its linked segment files).
