@@ -834,23 +834,21 @@ pub fn archived(dir: &Path) -> Result<Option<(u64, u64)>, SnapshotError> {
         return Ok(None);
     };
     let (_, trailer) = verify_file(&path)?;
-    let Some((first, last)) = trailer.linked.filter(|_| linked_dir(&path).is_dir()) else {
+    let segments = linked_dir(&path);
+    let Some((first, last)) = trailer.linked.filter(|_| segments.is_dir()) else {
         return Ok(None);
     };
-    let segments = linked_dir(&path);
-    let held = super::segments::SegmentLog::open_read_only(&segments, last)
+    let log = super::segments::SegmentLog::open_read_only(&segments, last)
         .map_err(|e| SnapshotError::Corrupt(format!("its record files: {e}")))?;
-    match (held.first_index(), held.last_index()) {
-        (Some(from), Some(to)) if from <= first && to >= last => Ok(Some((first, last))),
-        (from, to) => Err(SnapshotError::Corrupt(format!(
-            "its record files in {} hold entries {} where it needs {first} to {last}",
-            segments.display(),
-            match (from, to) {
-                (Some(from), Some(to)) => format!("{from} to {to}"),
-                _ => "none".to_string(),
-            }
-        ))),
-    }
+    let held = match (log.first_index(), log.last_index()) {
+        (Some(from), Some(to)) if from <= first && to >= last => return Ok(Some((first, last))),
+        (Some(from), Some(to)) => format!("{from} to {to}"),
+        _ => "none".to_string(),
+    };
+    Err(SnapshotError::Corrupt(format!(
+        "its record files in {} hold entries {held} where it needs {first} to {last}",
+        segments.display()
+    )))
 }
 
 /// Removes every snapshot in `dir` except `keep` (and its linked segment files).
