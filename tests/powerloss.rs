@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use common::{Cluster, Load};
-use raftq_client::api::{RecordIn, SnapshotTaken, TopicConfig};
+use raftq_client::api::{RecordIn, TopicConfig};
 
 /// Publishes `per_task` records from each of two tasks; all must be acknowledged.
 async fn publish(c: &Cluster, topic: &str, per_task: usize) -> BTreeSet<String> {
@@ -64,18 +64,8 @@ async fn check_identical(c: &Cluster, topic: &str, acked: &BTreeSet<String>) {
 
 /// Node `id`'s last log index, from its Raft status.
 async fn last_log_index(c: &Cluster, id: u64) -> u64 {
-    let v: serde_json::Value = c
-        .send(
-            c.http()
-                .get(format!("{}/raft/status", c.url(id)))
-                .header(common::SECRET_HEADER, common::SECRET),
-            "raft status",
-        )
-        .await
-        .json()
-        .await
-        .unwrap_or_default();
-    v["last_log_index"].as_u64().unwrap_or(0)
+    let status = c.raft_status(id).await.unwrap_or_else(|e| c.fail(&e));
+    status["last_log_index"].as_u64().unwrap_or(0)
 }
 
 /// DESIGN.md: "a restarted leader never resumes its term without an election, even if it lost
@@ -147,19 +137,6 @@ async fn a_leader_back_at_once_after_losing_its_unsynced_tail_reuses_no_log_id()
     panic!("in {ATTEMPTS} attempts the leader never lost a tail its followers had");
 }
 
-/// `raft/status`'s `purged` on node `id`: the last log index its log no longer holds.
-async fn purged(c: &Cluster, id: u64) -> Result<u64, String> {
-    let resp = c
-        .http()
-        .get(format!("{}/raft/status", c.url(id)))
-        .header(common::SECRET_HEADER, common::SECRET)
-        .send()
-        .await
-        .map_err(|e| e.to_string())?;
-    let body: serde_json::Value = resp.json().await.map_err(|e| e.to_string())?;
-    Ok(body["purged"].as_u64().unwrap_or(0))
-}
-
 /// DESIGN.md, "Snapshots": a follower answers a snapshot install only once what it installed
 /// is on its disk, since the leader then counts the snapshot's entries as the follower's. Here
 /// a follower misses a stretch of log the leader purges, catches up by a linked transfer (the
@@ -198,39 +175,7 @@ async fn a_follower_losing_power_right_after_a_snapshot_install_keeps_what_it_in
     }
     // A snapshot covering every record, and the log behind it purged: the follower can only
     // come back by that snapshot.
-    let leader = c.leader_id().await;
-    let resp = c
-        .call(reqwest::Method::POST, leader, "/v1/cluster/snapshot")
-        .await;
-    let taken: SnapshotTaken = c.json_of(resp, 200, "POST /v1/cluster/snapshot").await;
-    c.wait_for(
-        "the leader to purge the log the follower lacks",
-        Duration::from_secs(60),
-        || async {
-            match purged(&c, leader).await? {
-                p if p > 20 => Ok(()),
-                p => Err(format!("purged up to {p}")),
-            }
-        },
-    )
-    .await;
-
-    c.restart(follower).await;
-    c.wait_for(
-        "the follower to install the snapshot",
-        Duration::from_secs(60),
-        || async {
-            let s = c.status(follower).await?;
-            match s.snapshot {
-                Some(snap) if snap.index >= taken.snapshot.index => Ok(()),
-                other => Err(format!(
-                    "its snapshot is {other:?}, applied {}",
-                    s.last_applied
-                )),
-            }
-        },
-    )
-    .await;
+    let taken = c.restart_by_snapshot(follower).await;
     // Power loss of the follower at once, and the others stopped (their page caches kept:
     // they are not what is tested) so that none can send it the snapshot again.
     c.kill_all();

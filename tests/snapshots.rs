@@ -107,28 +107,7 @@ async fn a_follower_catches_up_by_snapshot_and_matches_the_leader_exactly() {
         .unwrap_or_else(|| c.fail("the leader has no snapshot"));
     assert!(snap.index > 100, "the leader snapshotted late: {snap:?}");
 
-    // The leader purges its log behind the snapshot, but not while a replication request
-    // still covers the entries (the request to the stopped follower is retried): wait for it.
-    let status_url = format!("{}/raft/status", c.url(leader));
-    c.wait_for(
-        "the leader to purge the log the follower lacks",
-        Duration::from_secs(60),
-        || async {
-            let resp = c
-                .http()
-                .get(&status_url)
-                .header(common::SECRET_HEADER, common::SECRET)
-                .send()
-                .await
-                .map_err(|e| e.to_string())?;
-            let body: Value = resp.json().await.map_err(|e| e.to_string())?;
-            match body["purged"].as_u64() {
-                Some(purged) if purged > 100 => Ok(()),
-                other => Err(format!("purged up to {other:?}")),
-            }
-        },
-    )
-    .await;
+    c.wait_purged(leader, 100).await;
 
     // The follower comes back behind the purged log: only a snapshot can bring it up.
     c.restart(follower).await;

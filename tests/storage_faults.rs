@@ -460,46 +460,7 @@ async fn a_node_whose_snapshot_record_files_have_flipped_bytes_rejoins_as_a_lear
         }
         records += 20;
     }
-    let leader = c.leader_id().await;
-    let resp = c
-        .call(reqwest::Method::POST, leader, "/v1/cluster/snapshot")
-        .await;
-    let taken: raftq_client::api::SnapshotTaken =
-        c.json_of(resp, 200, "POST /v1/cluster/snapshot").await;
-    // The leader purges the log behind its snapshot, once no replication request covers it.
-    c.wait_for(
-        "the leader to purge the log the follower lacks",
-        Duration::from_secs(60),
-        || async {
-            let body: serde_json::Value = c
-                .http()
-                .get(format!("{}/raft/status", c.url(leader)))
-                .header(common::SECRET_HEADER, common::SECRET)
-                .send()
-                .await
-                .map_err(|e| e.to_string())?
-                .json()
-                .await
-                .map_err(|e| e.to_string())?;
-            match body["purged"].as_u64() {
-                Some(p) if p > 20 => Ok(()),
-                other => Err(format!("purged up to {other:?}")),
-            }
-        },
-    )
-    .await;
-    c.restart(node).await;
-    c.wait_for(
-        "the follower to install the snapshot",
-        Duration::from_secs(60),
-        || async {
-            match c.status(node).await?.snapshot {
-                Some(snap) if snap.index >= taken.snapshot.index => Ok(()),
-                other => Err(format!("its snapshot is {other:?}")),
-            }
-        },
-    )
-    .await;
+    c.restart_by_snapshot(node).await;
     c.wait_converged("kept").await;
     c.kill(node);
     let log = c.log(node);

@@ -5,7 +5,7 @@ use std::future::Future;
 use std::process::Child;
 use std::time::{Duration, Instant};
 
-use raftq_client::api::ClusterStatus;
+use raftq_client::api::{ClusterStatus, SnapshotTaken};
 use reqwest::StatusCode;
 
 use super::{lock, Cluster, POLL};
@@ -60,6 +60,67 @@ impl Cluster {
     pub async fn status(&self, id: u64) -> Result<ClusterStatus, String> {
         self.try_get_json(id, "/v1/cluster", Duration::from_secs(3))
             .await
+    }
+
+    /// `GET /raft/status` on node `id`, with the cluster secret: its JSON answer.
+    pub async fn raft_status(&self, id: u64) -> Result<serde_json::Value, String> {
+        let what = format!("GET /raft/status on node {id}");
+        self.http
+            .get(format!("{}/raft/status", self.url(id)))
+            .header(super::SECRET_HEADER, super::SECRET)
+            .timeout(Duration::from_secs(3))
+            .send()
+            .await
+            .map_err(|e| format!("{what}: {e}"))?
+            .json()
+            .await
+            .map_err(|e| format!("{what}: undecodable: {e}"))
+    }
+
+    /// Waits until node `id` has purged its log beyond entry `above`. A leader purges behind
+    /// its snapshot, but not while a replication request still covers the entries (the
+    /// request to a stopped follower is retried): this waits for it.
+    pub async fn wait_purged(&self, id: u64, above: u64) {
+        self.wait_for(
+            &format!("node {id} to purge its log beyond entry {above}"),
+            Duration::from_secs(60),
+            || async {
+                match self.raft_status(id).await?["purged"].as_u64() {
+                    Some(purged) if purged > above => Ok(()),
+                    other => Err(format!("purged up to {other:?}")),
+                }
+            },
+        )
+        .await;
+    }
+
+    /// Brings the stopped follower `follower` back by a snapshot only: the leader takes one
+    /// covering what it applied and purges its log behind it, then the follower is started
+    /// again and this waits until it holds a snapshot at least as new. The snapshot taken.
+    pub async fn restart_by_snapshot(&self, follower: u64) -> SnapshotTaken {
+        let leader = self.leader_id().await;
+        let resp = self
+            .call(reqwest::Method::POST, leader, "/v1/cluster/snapshot")
+            .await;
+        let taken: SnapshotTaken = self.json_of(resp, 200, "POST /v1/cluster/snapshot").await;
+        self.wait_purged(leader, 20).await;
+        self.restart(follower).await;
+        self.wait_for(
+            &format!("node {follower} to install the snapshot"),
+            Duration::from_secs(60),
+            || async {
+                let status = self.status(follower).await?;
+                match status.snapshot {
+                    Some(snap) if snap.index >= taken.snapshot.index => Ok(()),
+                    other => Err(format!(
+                        "its snapshot is {other:?}, applied {}",
+                        status.last_applied
+                    )),
+                }
+            },
+        )
+        .await;
+        taken
     }
 
     /// The leader every running node names, in the same term; an error says who disagrees.
