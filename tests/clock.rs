@@ -8,9 +8,9 @@ mod common;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use common::{Cluster, SECRET, SECRET_HEADER};
+use common::Cluster;
 use raftq_client::api::{PullResponse, RecordIn, TopicReport};
-use serde_json::{json, Value};
+use serde_json::json;
 
 /// libfaketime from Debian's `faketime` package (scripts/test.sh installs it).
 const FAKETIME_LIB: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
@@ -68,17 +68,7 @@ async fn a_leader_ten_minutes_ahead_expires_and_deletes_nothing_early() {
     );
     c.restart(fast).await;
     // Its wall clock really is ten minutes ahead (the test would prove nothing otherwise).
-    let status: Value = c
-        .send(
-            c.http()
-                .get(format!("{}/raft/status", c.url(fast)))
-                .header(SECRET_HEADER, SECRET),
-            "raft status of the fast node",
-        )
-        .await
-        .json()
-        .await
-        .unwrap_or_default();
+    let status = c.raft_status(fast).await.unwrap_or_else(|e| c.fail(&e));
     let ahead_ms = status["wall_us"].as_u64().unwrap_or(0) / 1000;
     let ahead_ms = ahead_ms.saturating_sub(now_ms());
     assert!(
