@@ -775,6 +775,19 @@ impl LogStore {
             .store(max.as_micros() as u64, Ordering::SeqCst);
     }
 
+    /// Whether the log thread has nothing queued and is not holding its state: a follower's
+    /// append made now is written in place (given a quick last fsync). The thread reports an
+    /// append flushed a moment before it lets go of its state.
+    #[cfg(test)]
+    pub(crate) fn log_thread_idle(&self) -> bool {
+        self.flusher.pending.load(Ordering::SeqCst) == 0
+            && self
+                .flusher
+                .state
+                .try_lock()
+                .is_ok_and(|thread| thread.waiting.is_empty())
+    }
+
     /// The first index a read of this log returns (one past the last purged), as purges move
     /// it. Replication checks the requests it sends against it ([`crate::raft::network`]).
     pub fn first_readable(&self) -> Arc<AtomicU64> {

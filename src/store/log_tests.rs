@@ -115,6 +115,18 @@ async fn a_followers_append_is_synced_before_it_returns() {
     store.set_in_place_fsync_max(std::time::Duration::from_secs(3600));
     for round in 0..3u64 {
         let first = 4 + round * 3;
+        // The log thread reports an append flushed just before it lets go of its state; an
+        // append in that moment goes to the thread, as it should. Wait for it to let go.
+        for _ in 0..5_000 {
+            if store.log_thread_idle() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        assert!(
+            store.log_thread_idle(),
+            "round {round}: the log thread stays busy"
+        );
         let (tx, mut rx) = {
             use openraft::type_config::TypeConfigExt;
             TypeConfig::oneshot::<Result<(), std::io::Error>>()
