@@ -202,6 +202,8 @@ fn decode_disk(b: &[u8]) {
     let _ = subs.push(&crate::store::keys::sub(1), b);
     let _ = subs.push(&crate::store::subs::lease_key(1, 2), b);
     let _ = subs.push(&crate::store::subs::pending_key(1, 3), b);
+    let _ = subs.push(&crate::store::subs::lease_block_key(1, 64), b);
+    let _ = subs.push(&crate::store::subs::pending_block_key(1, 128), b);
     let _ = codec::decode_versioned::<ProducerState>(META_FORMAT, b);
     let _ = codec::decode::<Option<Vote>>(b);
     let _ = codec::decode::<Option<LogId>>(b);

@@ -14,7 +14,10 @@ use serde::{Deserialize, Serialize};
 
 const IDENTITY_FILE: &str = "IDENTITY";
 const LOCK_FILE: &str = "LOCK";
-/// Layout version of the data directory. 9: the published records of a batch are stored as one
+/// Layout version of the data directory. 10: a subscription's leases and pending redeliveries
+/// are stored in blocks of 64 offsets, one key per block (`store::subs`), which an older raftq
+/// cannot read (a format 4 to 9 directory's one key per offset is rewritten into blocks when
+/// the state machine opens). 9: the published records of a batch are stored as one
 /// run under the first one's key (`store::records`), which an older raftq cannot read (nothing
 /// to change in a format 8 directory: its one key per record reads as a run of one). 8: a segment file of the Raft log is preallocated
 /// whole, its frames followed by zeros (`store::segments`), which an older raftq takes for
@@ -29,7 +32,7 @@ const LOCK_FILE: &str = "LOCK";
 /// one key each beside it (`store::subs`). 3: every stored value carries a format byte
 /// (`store::values`). 2: topics, subscriptions and producers are stored behind a format byte,
 /// with report counters (1 had neither; no release wrote it).
-pub const FORMAT_VERSION: u32 = 9;
+pub const FORMAT_VERSION: u32 = 10;
 /// The oldest layout this raftq upgrades: its `IDENTITY` is rewritten at once, before the
 /// database is opened (which upgrades the values; then the log's entries move into segment
 /// files, and the state machine's opening splits the subscriptions), so an older raftq refuses the directory from then on instead of misreading
@@ -313,13 +316,13 @@ mod tests {
         );
     }
 
-    /// A format 2 to 8 directory opens and is format 9 from then on; format 1, which no
+    /// A format 2 to 9 directory opens and is format 10 from then on; format 1, which no
     /// release wrote, is refused.
     #[test]
-    fn format_2_to_8_directories_are_upgraded_and_format_1_refused() {
+    fn format_2_to_9_directories_are_upgraded_and_format_1_refused() {
         let identity =
             |format: u32| format!("cluster_id = \"c\"\nnode_id = 1\nformat = {format}\n");
-        for format in [2, 3, 4, 5, 6, 7, 8] {
+        for format in [2, 3, 4, 5, 6, 7, 8, 9] {
             let tmp = tempfile::tempdir().unwrap();
             fs::write(tmp.path().join("IDENTITY"), identity(format)).unwrap();
             drop(DataDir::open(tmp.path(), "c", 1).unwrap());
@@ -327,7 +330,7 @@ mod tests {
                 toml::from_str(&fs::read_to_string(tmp.path().join("IDENTITY")).unwrap()).unwrap();
             assert_eq!(found.format, FORMAT_VERSION);
         }
-        assert_eq!(FORMAT_VERSION, 9);
+        assert_eq!(FORMAT_VERSION, 10);
 
         let old = tempfile::tempdir().unwrap();
         fs::write(old.path().join("IDENTITY"), identity(1)).unwrap();

@@ -54,6 +54,8 @@ const KINDS: &[&str] = &[
     "sm:subscription_head",
     "sm:lease",
     "sm:pending",
+    "sm:lease_block",
+    "sm:pending_block",
     "sm:producer",
     "bare:raft:vote",
     "bare:raft:committed",
@@ -104,6 +106,8 @@ fn round_trip(kind: &str, bytes: &[u8]) -> Result<Vec<u8>, String> {
         }
         "sm:lease" => meta::<Lease>(bytes),
         "sm:pending" => meta::<Pending>(bytes),
+        "sm:lease_block" => meta::<Vec<(u64, Lease)>>(bytes),
+        "sm:pending_block" => meta::<Vec<(u64, Pending)>>(bytes),
         "sm:producer" => meta::<ProducerState>(bytes),
         "sm:record" => match records::decode(bytes)? {
             records::Stored::Whole(record) => {
@@ -201,6 +205,8 @@ fn kind_of(cf: &str, key: &[u8], value: &[u8]) -> Option<String> {
                     (9, _, _) => "sm:subscription",
                     (_, Some(b'l'), _) => "sm:lease",
                     (_, Some(b'p'), _) => "sm:pending",
+                    (_, Some(b'L'), _) => "sm:lease_block",
+                    (_, Some(b'P'), _) => "sm:pending_block",
                     _ => return None,
                 }
                 .into(),

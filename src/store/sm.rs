@@ -186,7 +186,7 @@ impl SmShared {
         if split > 0 {
             tracing::info!(
                 subscriptions = split,
-                "subscriptions now stored with one key per lease (data directory format 3 to 4)"
+                "subscriptions now stored as a head and blocks of leases (data directory format 10)"
             );
         }
         let view = load_view(&db)?;

@@ -1,18 +1,24 @@
 //! How a subscription is stored: its head (everything but its leases and pending
-//! redeliveries) under `s` + id, and one key per lease and per pending redelivery right after
-//! it, so that an apply writes the head and the offsets it changed (`OffsetMap::take_changed`),
-//! never every lease in flight. An ack costs the same with 10 leases in flight as with 10,000.
+//! redeliveries) under `s` + id, and its leases and pending redeliveries right after it in
+//! blocks of [`BLOCK_OFFSETS`] consecutive offsets, one key per block, so that an apply writes
+//! the head and the blocks whose offsets it changed (`OffsetMap::take_changed`), never every
+//! lease in flight. An ack costs the same with 10 leases in flight as with 10,000; a pull of 64
+//! fresh records, and the ack of them, writes one or two blocks instead of 64 keys.
 //!
 //! Keys, all in the `sm` family and sorting together: `s` + id (8 bytes, big endian) for the
-//! head; the same + `l` + offset (8 bytes, big endian) for a lease; + `p` + offset for a
-//! pending redelivery. Values: the head behind [`HEAD_FORMAT`]; a lease or a pending
-//! redelivery behind `values::META_FORMAT`.
+//! head; the same + `L` + the block's first offset (8 bytes, big endian, a multiple of
+//! [`BLOCK_OFFSETS`]) for a block of leases; + `P` + first offset for a block of pending
+//! redeliveries. Values: the head behind [`HEAD_FORMAT`]; a block behind
+//! `values::META_FORMAT`, its entries as (offset, value) pairs in offset order, every offset
+//! within the block, never empty (a block with nothing left is deleted).
 //!
-//! Data directory format 3 stored each subscription whole, leases included, as one value behind
-//! `values::META_FORMAT` (a "whole" value); snapshot files still hold subscriptions so, so that
-//! a snapshot or backup reads the same on every release. [`Whole`] turns the stored pieces back
-//! into whole values (snapshot builds, the state digest), [`split`] turns a whole value into
-//! pieces (snapshot loads, [`upgrade`] at open).
+//! Data directory formats 4 to 9 stored one key per offset (`l` + offset, `p` + offset), and
+//! format 3 each subscription whole, leases included, as one value behind
+//! `values::META_FORMAT` (a "whole" value); snapshot files still hold subscriptions whole, so
+//! that a snapshot or backup reads the same on every release. Both still read; [`upgrade`]
+//! rewrites either into blocks at open. [`Whole`] turns the stored blocks back into whole
+//! values (snapshot builds, the state digest), [`split`] turns a whole value into blocks
+//! (snapshot loads).
 
 use rocksdb::{ColumnFamily, Direction, IteratorMode, WriteBatch, DB};
 use serde::{Deserialize, Serialize};
@@ -27,7 +33,14 @@ use crate::state::SubState;
 /// their own). A whole subscription, as data directory format 3 stored it and snapshot files
 /// hold it, has `values::META_FORMAT` there instead.
 pub(crate) const HEAD_FORMAT: u8 = 2;
+/// Offsets per block of leases or pending redeliveries: a pull's usual batch, so that a pull
+/// and its ack each write one block or two.
+pub const BLOCK_OFFSETS: u64 = 64;
+const LEASE_BLOCK_TAG: u8 = b'L';
+const PENDING_BLOCK_TAG: u8 = b'P';
+/// One key per lease, as data directory formats 4 to 9 stored them; read, never written.
 const LEASE_TAG: u8 = b'l';
+/// One key per pending redelivery, as formats 4 to 9 stored them; read, never written.
 const PENDING_TAG: u8 = b'p';
 
 fn piece_key(id: u64, tag: u8, offset: u64) -> [u8; 18] {
@@ -38,12 +51,28 @@ fn piece_key(id: u64, tag: u8, offset: u64) -> [u8; 18] {
     k
 }
 
-/// The key of the lease on `offset` of subscription `id`.
+/// The first offset of the block that holds `offset`.
+fn block_start(offset: u64) -> u64 {
+    offset - offset % BLOCK_OFFSETS
+}
+
+/// The key of the block of subscription `id`'s leases that holds `offset`.
+pub fn lease_block_key(id: u64, offset: u64) -> [u8; 18] {
+    piece_key(id, LEASE_BLOCK_TAG, block_start(offset))
+}
+
+/// The key of the block of subscription `id`'s pending redeliveries that holds `offset`.
+pub fn pending_block_key(id: u64, offset: u64) -> [u8; 18] {
+    piece_key(id, PENDING_BLOCK_TAG, block_start(offset))
+}
+
+/// The key of the lease on `offset` of subscription `id` as data directory formats 4 to 9
+/// stored it (one key per lease).
 pub fn lease_key(id: u64, offset: u64) -> [u8; 18] {
     piece_key(id, LEASE_TAG, offset)
 }
 
-/// The key of the pending redelivery of `offset` of subscription `id`.
+/// The key of the pending redelivery of `offset` as formats 4 to 9 stored it.
 pub fn pending_key(id: u64, offset: u64) -> [u8; 18] {
     piece_key(id, PENDING_TAG, offset)
 }
@@ -103,35 +132,96 @@ pub fn encode_head(sub: &SubState) -> Result<Vec<u8>, bincode::Error> {
     codec::encode_versioned(HEAD_FORMAT, &head)
 }
 
-/// Writes `sub` into `batch`: its head, and each lease and pending redelivery that changed
-/// since the last call (put, or deleted when gone). Hands the changes over: call it once per
-/// subscription and batch.
+/// Writes `sub` into `batch`: its head, and each block of leases and of pending redeliveries
+/// in which an offset changed since the last call (put whole, or deleted when empty). Hands
+/// the changes over: call it once per subscription and batch.
 pub fn put(
     batch: &mut WriteBatch,
     cf: &ColumnFamily,
     sub: &mut SubState,
 ) -> Result<(), bincode::Error> {
     batch.put_cf(cf, keys::sub(sub.id), encode_head(sub)?);
-    put_changed(batch, cf, &mut sub.leases, |o| lease_key(sub.id, o))?;
-    put_changed(batch, cf, &mut sub.pending, |o| pending_key(sub.id, o))?;
+    put_changed(batch, cf, &mut sub.leases, |o| lease_block_key(sub.id, o))?;
+    put_changed(batch, cf, &mut sub.pending, |o| {
+        pending_block_key(sub.id, o)
+    })?;
     Ok(())
 }
 
-/// Puts the current entry of each offset `map` changed under `key(offset)`, or deletes the key
-/// when the entry is gone; hands the changes over.
+/// Puts each block of `map` in which an offset changed under `key(first offset)`, or deletes
+/// the key when the block holds nothing now; hands the changes over.
 fn put_changed<V: Serialize>(
     batch: &mut WriteBatch,
     cf: &ColumnFamily,
     map: &mut OffsetMap<V>,
     key: impl Fn(u64) -> [u8; 18],
 ) -> Result<(), bincode::Error> {
+    let mut last_block = None;
     for offset in map.take_changed() {
-        match map.get(&offset) {
-            Some(v) => batch.put_cf(cf, key(offset), values::encode(v)?),
-            None => batch.delete_cf(cf, key(offset)),
+        let start = block_start(offset);
+        // The changed offsets come in order: each block once.
+        if last_block.replace(start) == Some(start) {
+            continue;
+        }
+        let entries: Vec<(u64, &V)> = map
+            .range(start..start.saturating_add(BLOCK_OFFSETS))
+            .map(|(o, v)| (*o, v))
+            .collect();
+        if entries.is_empty() {
+            batch.delete_cf(cf, key(start));
+        } else {
+            batch.put_cf(cf, key(start), values::encode(&entries)?);
         }
     }
     Ok(())
+}
+
+/// Puts every block of `map`, as a whole subscription's are stored for the first time.
+fn put_all<V: Serialize>(
+    map: &OffsetMap<V>,
+    key: impl Fn(u64) -> [u8; 18],
+    emit: &mut impl FnMut(Vec<u8>, Vec<u8>),
+) -> Result<(), bincode::Error> {
+    let mut block: Vec<(u64, &V)> = Vec::new();
+    for (offset, v) in map {
+        if block
+            .first()
+            .is_some_and(|(first, _)| block_start(*first) != block_start(*offset))
+        {
+            emit(key(block[0].0).to_vec(), values::encode(&block)?);
+            block.clear();
+        }
+        block.push((*offset, v));
+    }
+    if let Some((first, _)) = block.first() {
+        emit(key(*first).to_vec(), values::encode(&block)?);
+    }
+    Ok(())
+}
+
+/// A block's entries as stored, checked: in increasing order, every one within the block that
+/// starts at `start`, and at least one.
+fn decode_block<V: serde::de::DeserializeOwned>(
+    start: u64,
+    value: &[u8],
+) -> Result<Vec<(u64, V)>, String> {
+    let entries: Vec<(u64, V)> = values::decode(value)?;
+    if !start.is_multiple_of(BLOCK_OFFSETS) {
+        return Err(format!("a block at offset {start}, not a block's first"));
+    }
+    if entries.is_empty() {
+        return Err(format!("an empty block at offset {start}"));
+    }
+    let mut previous = None;
+    for (offset, _) in &entries {
+        if block_start(*offset) != start || previous.is_some_and(|p| p >= *offset) {
+            return Err(format!(
+                "offset {offset} out of place in the block at offset {start}"
+            ));
+        }
+        previous = Some(*offset);
+    }
+    Ok(entries)
 }
 
 /// A head as [`encode_head`] stored it: the subscription, with no leases and no pending
@@ -160,8 +250,10 @@ enum Piece {
     Head(SubState),
     /// A whole subscription (data directory format 3, snapshot files).
     Whole(SubState),
-    Lease(u64, u64, Lease),
-    Pending(u64, u64, Pending),
+    /// Leases of subscription `id`: a block, or one (formats 4 to 9).
+    Leases(u64, Vec<(u64, Lease)>),
+    /// Pending redeliveries of subscription `id`: a block, or one (formats 4 to 9).
+    Pending(u64, Vec<(u64, Pending)>),
 }
 
 fn read_piece(key: &[u8], value: &[u8]) -> Result<Piece, String> {
@@ -172,10 +264,12 @@ fn read_piece(key: &[u8], value: &[u8]) -> Result<Piece, String> {
             _ => values::decode(value).map(Piece::Whole),
         },
         18 => {
-            let offset = u64::from_be_bytes(key[10..18].try_into().unwrap_or_default());
+            let (id, offset) = (id_of(key), id_of(&key[9..]));
             match key[9] {
-                LEASE_TAG => Ok(Piece::Lease(id_of(key), offset, values::decode(value)?)),
-                PENDING_TAG => Ok(Piece::Pending(id_of(key), offset, values::decode(value)?)),
+                LEASE_BLOCK_TAG => Ok(Piece::Leases(id, decode_block(offset, value)?)),
+                PENDING_BLOCK_TAG => Ok(Piece::Pending(id, decode_block(offset, value)?)),
+                LEASE_TAG => Ok(Piece::Leases(id, vec![(offset, values::decode(value)?)])),
+                PENDING_TAG => Ok(Piece::Pending(id, vec![(offset, values::decode(value)?)])),
                 tag => Err(format!("unknown kind {tag:#04x}")),
             }
         }
@@ -184,9 +278,9 @@ fn read_piece(key: &[u8], value: &[u8]) -> Result<Piece, String> {
 }
 
 /// Puts subscriptions back together from the pairs of the subscription family, fed in key
-/// order (a head, then its leases, then its pending redeliveries). Anything out of place (a
-/// lease without its head, pieces after a whole value, an id that disagrees with its key) is
-/// an error: the store is damaged.
+/// order (a head, then its blocks of leases and of pending redeliveries, or formats 4 to 9's
+/// keys of one each). Anything out of place (a lease without its head, pieces after a whole value, an
+/// id that disagrees with its key, an offset stored twice) is an error: the store is damaged.
 #[derive(Default)]
 pub struct Assembler {
     current: Option<(SubState, bool)>,
@@ -211,18 +305,14 @@ impl Assembler {
             )),
             Piece::Head(sub) => Ok(self.current.replace((sub, false)).map(as_stored)),
             Piece::Whole(sub) => Ok(self.current.replace((sub, true)).map(as_stored)),
-            Piece::Lease(id, offset, lease) => {
-                self.open(id)
-                    .ok_or_else(misplaced)?
-                    .leases
-                    .insert(offset, lease);
+            Piece::Leases(id, entries) => {
+                let sub = self.open(id).ok_or_else(misplaced)?;
+                insert_all(&mut sub.leases, entries).map_err(|e| twice(key, e))?;
                 Ok(None)
             }
-            Piece::Pending(id, offset, p) => {
-                self.open(id)
-                    .ok_or_else(misplaced)?
-                    .pending
-                    .insert(offset, p);
+            Piece::Pending(id, entries) => {
+                let sub = self.open(id).ok_or_else(misplaced)?;
+                insert_all(&mut sub.pending, entries).map_err(|e| twice(key, e))?;
                 Ok(None)
             }
         }
@@ -241,6 +331,23 @@ impl Assembler {
     pub fn finish(self) -> Option<SubState> {
         self.current.map(as_stored)
     }
+}
+
+/// Inserts each of `entries` into `map`; the first offset already there is an error.
+fn insert_all<V>(map: &mut OffsetMap<V>, entries: Vec<(u64, V)>) -> Result<(), u64> {
+    for (offset, v) in entries {
+        if map.insert(offset, v).is_some() {
+            return Err(offset);
+        }
+    }
+    Ok(())
+}
+
+fn twice(key: &[u8], offset: u64) -> String {
+    format!(
+        "corrupt subscription key {}: offset {offset} is stored twice",
+        codec::hex(key)
+    )
 }
 
 /// Every subscription stored in `db`'s `sm` family, as stored.
@@ -316,8 +423,8 @@ fn emit_whole<E: From<String>>(
     emit(&keys::sub(sub.id), &whole)
 }
 
-/// The pairs to store for one pair of a snapshot file: a whole subscription becomes its head,
-/// leases and pending redeliveries; any other pair stays as it is.
+/// The pairs to store for one pair of a snapshot file: a whole subscription becomes its head
+/// and blocks; any other pair stays as it is.
 pub fn split(
     key: Vec<u8>,
     value: Vec<u8>,
@@ -336,49 +443,55 @@ pub fn split(
             ))
         }
     };
-    let enc = |e: bincode::Error| e.to_string();
-    emit(key, encode_head(&sub).map_err(enc)?);
-    for (offset, lease) in &sub.leases {
-        emit(
-            lease_key(sub.id, *offset).to_vec(),
-            values::encode(lease).map_err(enc)?,
-        );
-    }
-    for (offset, p) in &sub.pending {
-        emit(
-            pending_key(sub.id, *offset).to_vec(),
-            values::encode(p).map_err(enc)?,
-        );
-    }
-    Ok(())
+    emit_stored(&sub, &mut emit).map_err(|e| e.to_string())
 }
 
-/// Stores every whole subscription of `db` (data directory format 3) in pieces, in one synced
-/// batch; does nothing on a store that has none. Runs at every open, before anything reads
-/// the store. Returns how many subscriptions it split.
+/// `sub` as stored: its head, then its blocks of leases and of pending redeliveries.
+fn emit_stored(
+    sub: &SubState,
+    emit: &mut impl FnMut(Vec<u8>, Vec<u8>),
+) -> Result<(), bincode::Error> {
+    emit(keys::sub(sub.id).to_vec(), encode_head(sub)?);
+    put_all(&sub.leases, |o| lease_block_key(sub.id, o), emit)?;
+    put_all(&sub.pending, |o| pending_block_key(sub.id, o), emit)
+}
+
+/// Stores every subscription of `db` that an older data directory format left whole (format
+/// 3) or with one key per lease and pending redelivery (formats 4 to 9) as a head and blocks, in one
+/// synced batch; does nothing on a store that has none. Runs at every open, before anything
+/// reads the store. Returns how many subscriptions it rewrote.
 pub fn upgrade(db: &DB) -> Result<usize, String> {
     let Some(cf) = db.cf_handle(CF_SM) else {
         return Ok(0);
     };
     let prefix = [keys::SUB_PREFIX];
-    let mut batch = WriteBatch::default();
-    let mut split_subs = 0;
+    let mut old = std::collections::BTreeSet::new();
     for item in db.iterator_cf(cf, IteratorMode::From(&prefix, Direction::Forward)) {
         let (k, v) = item.map_err(|e| e.to_string())?;
         if k.first() != Some(&keys::SUB_PREFIX) {
             break;
         }
-        if k.len() != 9 || v.first() == Some(&HEAD_FORMAT) {
-            continue;
+        let whole = k.len() == 9 && v.first() != Some(&HEAD_FORMAT);
+        let one_per_offset = k.len() == 18 && matches!(k[9], LEASE_TAG | PENDING_TAG);
+        if whole || one_per_offset {
+            old.insert(k[..9].to_vec());
         }
-        split(k.to_vec(), v.to_vec(), |k, v| batch.put_cf(cf, k, v))?;
-        split_subs += 1;
     }
-    if split_subs > 0 {
-        db.write_opt(batch, &super::write_options(true))
-            .map_err(|e| e.to_string())?;
+    if old.is_empty() {
+        return Ok(0);
     }
-    Ok(split_subs)
+    let mut batch = WriteBatch::default();
+    for sub in load(db)?
+        .iter()
+        .filter(|s| old.contains(&keys::sub(s.id)[..]))
+    {
+        let (start, end) = range(sub.id);
+        batch.delete_range_cf(cf, start, end);
+        emit_stored(sub, &mut |k, v| batch.put_cf(cf, k, v)).map_err(|e| e.to_string())?;
+    }
+    db.write_opt(batch, &super::write_options(true))
+        .map_err(|e| e.to_string())?;
+    Ok(old.len())
 }
 
 #[cfg(test)]

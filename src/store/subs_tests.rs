@@ -94,31 +94,41 @@ fn subscriptions_read_back_as_they_were_stored() {
     assert_eq!(load(&db).expect("load"), subs);
 }
 
-/// The promise deltas keep: an ack writes the head and the one lease it ended, however many
-/// leases are in flight (it used to write the whole subscription, every lease in it).
+/// The promise deltas keep: an ack writes the head and the one block of leases it changed,
+/// byte for byte the same with 10,000 leases in flight as with 256 (it used to write the
+/// whole subscription, every lease in it).
 #[test]
-fn an_ack_writes_the_head_and_one_key_whatever_the_leases_in_flight() {
+fn an_ack_writes_the_head_and_one_block_whatever_the_leases_in_flight() {
     let (_dir, db) = open();
-    let mut sub = sample(4, 10_000);
-    let batch = store(&db, &mut sub);
+    let mut ack_bytes = Vec::new();
+    for leases in [256, 10_000] {
+        let mut sub = sample(4, leases);
+        let batch = store(&db, &mut sub);
+        // Leases on offsets 100 to 99 + leases: blocks from 64; both pending in block 0.
+        let blocks = (99 + leases) / BLOCK_OFFSETS - 1 + 1;
+        assert_eq!(
+            batch.len() as u64,
+            1 + blocks + 1,
+            "first write: head, blocks of leases, block of pending"
+        );
+        write(&db, batch);
+        sub.leases.remove(&200);
+        sub.done.insert(200);
+        sub.counters.acked += 1;
+        let batch = store(&db, &mut sub);
+        assert_eq!(batch.len(), 2, "the head and the ended lease's block");
+        ack_bytes.push(batch.size_in_bytes());
+        write(&db, batch);
+        assert_eq!(load(&db).expect("load"), vec![sub]);
+    }
     assert_eq!(
-        batch.len(),
-        1 + 10_000 + 2,
-        "first write: head, leases, pending"
+        ack_bytes[0], ack_bytes[1],
+        "an ack with 10,000 leases in flight wrote more than with 256"
     );
-    write(&db, batch);
+    assert!(ack_bytes[1] < 4096, "an ack wrote {} bytes", ack_bytes[1]);
 
-    sub.leases.remove(&5_100);
-    sub.done.insert(5_100);
-    sub.counters.acked += 1;
-    let batch = store(&db, &mut sub);
-    assert_eq!(batch.len(), 2, "the head and the ended lease");
-    assert!(
-        batch.size_in_bytes() < 512,
-        "an ack wrote {} bytes",
-        batch.size_in_bytes()
-    );
-    write(&db, batch);
+    let mut sub = sample(4, 10_000);
+    write(&db, store(&db, &mut sub));
 
     sub.leases.insert(
         10_500,
@@ -133,10 +143,40 @@ fn an_ack_writes_the_head_and_one_key_whatever_the_leases_in_flight() {
     assert_eq!(
         batch.len(),
         3,
-        "the head, the new lease, the ended redelivery"
+        "the head, the new lease's block, the ended redelivery's block"
     );
     write(&db, batch);
+    assert_eq!(load(&db).expect("load"), vec![sub.clone()]);
+
+    // A pull of 64 fresh records across a block boundary, then the ack of every one: two
+    // blocks each time, the second time deleted (nothing left in them).
+    for offset in 20_000..20_064 {
+        sub.leases.insert(
+            offset,
+            Lease {
+                lease_id: offset,
+                delivery_count: 1,
+                expires_ms: 9,
+            },
+        );
+    }
+    let batch = store(&db, &mut sub);
+    assert_eq!(batch.len(), 3, "the head and two blocks for 64 leases");
+    write(&db, batch);
+    for offset in 20_000..20_064 {
+        sub.leases.remove(&offset);
+    }
+    let batch = store(&db, &mut sub);
+    assert_eq!(batch.len(), 3, "the head and two blocks deleted");
+    write(&db, batch);
     assert_eq!(load(&db).expect("load"), vec![sub]);
+    let emptied = [lease_block_key(4, 20_000), lease_block_key(4, 20_063)];
+    assert!(
+        pairs(&db)
+            .iter()
+            .all(|(k, _)| emptied.iter().all(|e| e[..] != k[..])),
+        "an emptied block is left behind"
+    );
 }
 
 #[test]
@@ -172,14 +212,57 @@ fn whole_subscriptions_are_split_once_at_open() {
     let stored = pairs(&db);
     assert_eq!(
         stored.len(),
-        2 + 4 + 2 + 2,
-        "two heads, four leases, four pending"
+        2 + 1 + 2,
+        "two heads, one block of leases, two of pending"
     );
     assert!(stored
         .iter()
         .filter(|(k, _)| k.len() == 9)
         .all(|(_, v)| v[0] == HEAD_FORMAT));
     assert_eq!(load(&db).expect("load"), subs);
+    assert_eq!(upgrade(&db).expect("again"), 0, "the upgrade ran twice");
+}
+
+/// A store of data directory formats 4 to 9 (one key per lease and per pending redelivery) is
+/// rewritten into blocks once, at open; what it reads back is the same, and nothing of the old
+/// keys is left.
+#[test]
+fn one_key_per_offset_is_rewritten_into_blocks_once_at_open() {
+    let (_dir, db) = open();
+    let subs = vec![sample(30, 200), sample(31, 0), sample(32, 3)];
+    let cf = db.cf_handle(CF_SM).expect("cf");
+    // Subscription 32 is already in blocks (a directory where an upgrade is not needed for it).
+    let mut in_blocks = subs[2].clone();
+    write(&db, store(&db, &mut in_blocks));
+    for sub in &subs[..2] {
+        db.put_cf(cf, keys::sub(sub.id), encode_head(sub).expect("enc"))
+            .expect("put");
+        for (offset, lease) in &sub.leases {
+            let v = values::encode(lease).expect("enc");
+            db.put_cf(cf, lease_key(sub.id, *offset), v).expect("put");
+        }
+        for (offset, p) in &sub.pending {
+            let v = values::encode(p).expect("enc");
+            db.put_cf(cf, pending_key(sub.id, *offset), v).expect("put");
+        }
+    }
+    let read = |db: &DB| {
+        let mut subs = load(db).expect("load");
+        subs.sort_by_key(|s| s.id);
+        subs
+    };
+    assert_eq!(read(&db), subs, "one key per offset reads too");
+    assert_eq!(upgrade(&db).expect("upgrade"), 2);
+    let stored = pairs(&db);
+    assert!(
+        stored
+            .iter()
+            .all(|(k, _)| k.len() == 9 || matches!(k[9], b'L' | b'P')),
+        "a key of one offset is left"
+    );
+    // 30: leases 100..=299 in blocks 64 to 256 (four), pending in block 0; 31: pending only.
+    assert_eq!(stored.len(), 3 + (4 + 1) + 1 + (1 + 1));
+    assert_eq!(read(&db), subs);
     assert_eq!(upgrade(&db).expect("again"), 0, "the upgrade ran twice");
 }
 
@@ -241,6 +324,20 @@ fn pieces_out_of_place_are_refused() {
     })
     .expect("enc");
     let head = encode_head(&sample(20, 0)).expect("enc");
+    let one = Lease {
+        lease_id: 1,
+        delivery_count: 1,
+        expires_ms: 1,
+    };
+    let block = |offsets: &[u64]| {
+        let entries: Vec<(u64, Lease)> = offsets.iter().map(|o| (*o, one.clone())).collect();
+        values::encode(&entries).expect("enc")
+    };
+    let pending = Pending {
+        delivery_count: 2,
+        not_before_ms: 1,
+        last_lease_id: None,
+    };
     type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
     let cases: Vec<(&str, Pairs)> = vec![
         (
@@ -276,6 +373,52 @@ fn pieces_out_of_place_are_refused() {
         (
             "unknown format",
             vec![(keys::sub(20).to_vec(), vec![9, 1, 2])],
+        ),
+        (
+            "block of leases out of its range",
+            vec![
+                (keys::sub(20).to_vec(), head.clone()),
+                (lease_block_key(20, 64).to_vec(), block(&[5])),
+            ],
+        ),
+        (
+            "block of pending redeliveries under a key not a block's first offset",
+            vec![
+                (keys::sub(20).to_vec(), head.clone()),
+                (
+                    piece_key(20, b'P', 65).to_vec(),
+                    values::encode(&vec![(65u64, pending.clone())]).expect("enc"),
+                ),
+            ],
+        ),
+        (
+            "empty block",
+            vec![
+                (keys::sub(20).to_vec(), head.clone()),
+                (lease_block_key(20, 0).to_vec(), block(&[])),
+            ],
+        ),
+        (
+            "block out of order",
+            vec![
+                (keys::sub(20).to_vec(), head.clone()),
+                (lease_block_key(20, 0).to_vec(), block(&[6, 5])),
+            ],
+        ),
+        (
+            "offset stored twice",
+            vec![
+                (keys::sub(20).to_vec(), head.clone()),
+                (lease_block_key(20, 0).to_vec(), block(&[5])),
+                (lease_key(20, 5).to_vec(), lease.clone()),
+            ],
+        ),
+        (
+            "block of another subscription",
+            vec![
+                (keys::sub(20).to_vec(), head.clone()),
+                (lease_block_key(21, 0).to_vec(), block(&[5])),
+            ],
         ),
         (
             "lease after a whole value",
