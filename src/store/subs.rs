@@ -264,7 +264,8 @@ fn read_piece(key: &[u8], value: &[u8]) -> Result<Piece, String> {
             _ => values::decode(value).map(Piece::Whole),
         },
         18 => {
-            let (id, offset) = (id_of(key), id_of(&key[9..]));
+            let id = id_of(key);
+            let offset = u64::from_be_bytes(key[10..18].try_into().unwrap_or_default());
             match key[9] {
                 LEASE_BLOCK_TAG => Ok(Piece::Leases(id, decode_block(offset, value)?)),
                 PENDING_BLOCK_TAG => Ok(Piece::Pending(id, decode_block(offset, value)?)),
@@ -279,8 +280,9 @@ fn read_piece(key: &[u8], value: &[u8]) -> Result<Piece, String> {
 
 /// Puts subscriptions back together from the pairs of the subscription family, fed in key
 /// order (a head, then its blocks of leases and of pending redeliveries, or formats 4 to 9's
-/// keys of one each). Anything out of place (a lease without its head, pieces after a whole value, an
-/// id that disagrees with its key, an offset stored twice) is an error: the store is damaged.
+/// keys of one each). Anything out of place (a lease without its head, pieces after a whole
+/// value, an id that disagrees with its key, an offset stored twice) is an error: the store is
+/// damaged.
 #[derive(Default)]
 pub struct Assembler {
     current: Option<(SubState, bool)>,
