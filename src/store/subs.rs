@@ -156,17 +156,8 @@ fn put_changed<V: Serialize>(
     map: &mut OffsetMap<V>,
     key: impl Fn(u64) -> [u8; 18],
 ) -> Result<(), bincode::Error> {
-    let mut last_block = None;
-    for offset in map.take_changed() {
-        let start = block_start(offset);
-        // The changed offsets come in order: each block once.
-        if last_block.replace(start) == Some(start) {
-            continue;
-        }
-        let entries: Vec<(u64, &V)> = map
-            .range(start..start.saturating_add(BLOCK_OFFSETS))
-            .map(|(o, v)| (*o, v))
-            .collect();
+    let changed = map.take_changed();
+    for (start, entries) in blocks(map, changed) {
         if entries.is_empty() {
             batch.delete_cf(cf, key(start));
         } else {
@@ -182,21 +173,30 @@ fn put_all<V: Serialize>(
     key: impl Fn(u64) -> [u8; 18],
     emit: &mut impl FnMut(Vec<u8>, Vec<u8>),
 ) -> Result<(), bincode::Error> {
-    let mut block: Vec<(u64, &V)> = Vec::new();
-    for (offset, v) in map {
-        if block
-            .first()
-            .is_some_and(|(first, _)| block_start(*first) != block_start(*offset))
-        {
-            emit(key(block[0].0).to_vec(), values::encode(&block)?);
-            block.clear();
-        }
-        block.push((*offset, v));
-    }
-    if let Some((first, _)) = block.first() {
-        emit(key(*first).to_vec(), values::encode(&block)?);
+    for (start, entries) in blocks(map, map.keys().copied()) {
+        emit(key(start).to_vec(), values::encode(&entries)?);
     }
     Ok(())
+}
+
+/// For each block that holds one of `offsets` (in increasing order), once: its first offset
+/// and `map`'s entries in it (none when the block is empty now).
+fn blocks<'a, V>(
+    map: &'a OffsetMap<V>,
+    offsets: impl IntoIterator<Item = u64> + 'a,
+) -> impl Iterator<Item = (u64, Vec<(u64, &'a V)>)> + 'a {
+    let mut last = None;
+    offsets
+        .into_iter()
+        .map(block_start)
+        .filter(move |start| last.replace(*start) != Some(*start))
+        .map(move |start| {
+            let entries = map
+                .range(start..start.saturating_add(BLOCK_OFFSETS))
+                .map(|(o, v)| (*o, v))
+                .collect();
+            (start, entries)
+        })
 }
 
 /// A block's entries as stored, checked: in increasing order, every one within the block that
@@ -256,15 +256,19 @@ enum Piece {
     Pending(u64, Vec<(u64, Pending)>),
 }
 
+/// The subscription id in a key of the subscription family (at least 9 bytes long).
+fn id_in(key: &[u8]) -> u64 {
+    u64::from_be_bytes(key[1..9].try_into().unwrap_or_default())
+}
+
 fn read_piece(key: &[u8], value: &[u8]) -> Result<Piece, String> {
-    let id_of = |k: &[u8]| u64::from_be_bytes(k[1..9].try_into().unwrap_or_default());
     match key.len() {
         9 => match value.first() {
             Some(&HEAD_FORMAT) => decode_head(value).map(Piece::Head),
             _ => values::decode(value).map(Piece::Whole),
         },
         18 => {
-            let id = id_of(key);
+            let id = id_in(key);
             let offset = u64::from_be_bytes(key[10..18].try_into().unwrap_or_default());
             match key[9] {
                 LEASE_BLOCK_TAG => Ok(Piece::Leases(id, decode_block(offset, value)?)),
@@ -476,17 +480,14 @@ pub fn upgrade(db: &DB) -> Result<usize, String> {
         let whole = k.len() == 9 && v.first() != Some(&HEAD_FORMAT);
         let one_per_offset = k.len() == 18 && matches!(k[9], LEASE_TAG | PENDING_TAG);
         if whole || one_per_offset {
-            old.insert(k[..9].to_vec());
+            old.insert(id_in(&k));
         }
     }
     if old.is_empty() {
         return Ok(0);
     }
     let mut batch = WriteBatch::default();
-    for sub in load(db)?
-        .iter()
-        .filter(|s| old.contains(&keys::sub(s.id)[..]))
-    {
+    for sub in load(db)?.iter().filter(|s| old.contains(&s.id)) {
         let (start, end) = range(sub.id);
         batch.delete_range_cf(cf, start, end);
         emit_stored(sub, &mut |k, v| batch.put_cf(cf, k, v)).map_err(|e| e.to_string())?;
