@@ -283,9 +283,14 @@ fn connect(connection: &Connection) -> Result<Client, Failure> {
     Ok(builder.build()?)
 }
 
+/// Every command runs on one thread: a client's work is waiting on sockets, and where it
+/// shares a small machine with the nodes (as `raftq bench` does), a second worker thread only
+/// adds wake-ups and context switches that take the cores from the nodes. Measured on two
+/// cores (docs/performance.md, "The client on one thread"): P1 through `raftq bench` at half
+/// the client's CPU per record, and the nodes' own CPU per record lower too. Blocking work
+/// (the disk probe, the spool's files) goes to tokio's blocking pool, as before.
 fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+    tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|err| Failure::Usage(format!("cannot start the runtime: {err}")))
@@ -388,6 +393,17 @@ mod tests {
         Tail(TailArgs),
         Publish(PublishArgs),
         Report(ReportArgs),
+    }
+
+    /// Commands run on one thread (see `runtime`): a second worker took the cores from the
+    /// nodes a benchmark measures.
+    #[test]
+    fn commands_run_on_one_thread() {
+        let rt = runtime().expect("a runtime");
+        assert_eq!(
+            rt.handle().runtime_flavor(),
+            tokio::runtime::RuntimeFlavor::CurrentThread
+        );
     }
 
     #[test]
