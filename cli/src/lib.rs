@@ -286,9 +286,9 @@ fn connect(connection: &Connection) -> Result<Client, Failure> {
 /// Every command runs on one thread: a client's work is waiting on sockets, and where it
 /// shares a small machine with the nodes (as `raftq bench` does), a second worker thread only
 /// adds wake-ups and context switches that take the cores from the nodes. Measured on two
-/// cores (docs/performance.md, "The client on one thread"): P1 through `raftq bench` at half
-/// the client's CPU per record, and the nodes' own CPU per record lower too. Blocking work
-/// (the disk probe, the spool's files) goes to tokio's blocking pool, as before.
+/// cores (docs/performance.md, "Step 18: the client on one thread"): P1 through `raftq bench`
+/// at half the client's CPU per record, and the nodes' own CPU per record lower too. Blocking
+/// work (the disk probe, the spool's files) goes to tokio's blocking pool, as before.
 fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
