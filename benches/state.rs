@@ -1,5 +1,6 @@
-//! Micro-benchmarks of the state machine's apply, per command family, and of the codec that
-//! writes log entries and records.
+//! Micro-benchmarks of the state machine's apply, per command family, of the codec that
+//! writes log entries and records, and of the JSON a leader reads and writes for clients that
+//! do not send record batches (`json/`: binary values, so base64).
 //!
 //!     cargo bench --bench state              (all)
 //!     cargo bench --bench state -- apply/    (one group)
@@ -259,5 +260,45 @@ fn bench_codec(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_apply, bench_codec);
+/// A publish of 64 binary 1 KiB values as a JSON client sends it, parsed as the leader parses
+/// it; and a pull of 64 binary values answered in JSON, as the leader writes it.
+fn bench_json(c: &mut Criterion) {
+    use raftq_client::api::{Message, PublishRequest, PullResponse, RecordIn};
+    let binary =
+        |i: usize| -> Vec<u8> { (0..1024).map(|j| (i * 31 + j * 7) as u8 | 0x80).collect() };
+    assert!((0..RECORDS).all(|i| std::str::from_utf8(&binary(i)).is_err()));
+    let mut group = c.benchmark_group("json");
+    let request = PublishRequest {
+        records: (0..RECORDS).map(|i| RecordIn::binary(&binary(i))).collect(),
+        producer_id: None,
+        sequence: None,
+    };
+    let body = serde_json::to_vec(&request).expect("encode");
+    group.throughput(Throughput::Bytes(body.len() as u64));
+    group.bench_function("parse_publish_64_binary_1k", |b| {
+        b.iter(|| serde_json::from_slice::<PublishRequest>(black_box(&body)).expect("parse"))
+    });
+    let pull = PullResponse {
+        messages: (0..RECORDS)
+            .map(|i| Message {
+                receipt: format!("r.{i}.0123456789abcdef"),
+                offset: i as u64,
+                delivery_count: 1,
+                lease_expires_ms: 1_700_000_030_000,
+                timestamp_ms: 1_700_000_000_000,
+                key: None,
+                headers: Default::default(),
+                value: binary(i).into(),
+            })
+            .collect(),
+    };
+    let written = pull.to_json().expect("write");
+    group.throughput(Throughput::Bytes(written.len() as u64));
+    group.bench_function("write_pull_64_binary_1k", |b| {
+        b.iter(|| black_box(&pull).to_json().expect("write"))
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench_apply, bench_codec, bench_json);
 criterion_main!(benches);

@@ -8,7 +8,6 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{RawQuery, State};
 use axum::http::{header, HeaderMap, Uri};
 use axum::Json;
-use base64::Engine as _;
 use raftq_client::api::records_form;
 use raftq_client::api::{
     CommitPoint, ErrorCode, PublishRequest, PublishResponse, ReadFrom, ReadResponse, Record,
@@ -66,8 +65,7 @@ pub(crate) fn json_value(
 ) -> Result<Vec<u8>, ApiError> {
     match (value, value_b64) {
         (Some(text), None) => Ok(text.into_bytes()),
-        (None, Some(b)) => base64::engine::general_purpose::STANDARD
-            .decode(b.as_bytes())
+        (None, Some(b)) => raftq_client::api::b64::decode(b.as_bytes())
             .map_err(|e| ApiError::invalid(format!("{what}: value_b64 is not valid base64: {e}"))),
         (Some(_), Some(_)) => Err(ApiError::invalid(format!(
             "{what} has both value and value_b64; send exactly one"

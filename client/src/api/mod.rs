@@ -4,6 +4,7 @@
 //! API.md exactly. They are deliberately separate from the server's Raft log types, which are
 //! bincode on disk and versioned on their own.
 
+pub mod b64;
 mod cluster;
 mod problem;
 pub mod records_form;

@@ -8,7 +8,6 @@
 
 use std::borrow::Cow;
 
-use base64::Engine as _;
 use bytes::Bytes;
 
 /// `value` as JSON's two fields: the text itself when it is UTF-8 (borrowed: no copy), its
@@ -16,10 +15,7 @@ use bytes::Bytes;
 pub(crate) fn to_json(value: &[u8]) -> (Option<Cow<'_, str>>, Option<String>) {
     match std::str::from_utf8(value) {
         Ok(text) => (Some(Cow::Borrowed(text)), None),
-        Err(_) => (
-            None,
-            Some(base64::engine::general_purpose::STANDARD.encode(value)),
-        ),
+        Err(_) => (None, Some(super::b64::encode(value))),
     }
 }
 
@@ -48,14 +44,7 @@ pub(crate) fn write_with_value<T: serde::Serialize>(
         }
         Err(_) => {
             out.extend_from_slice(br#""value_b64":""#);
-            let at = out.len();
-            let len = base64::encoded_len(value.len(), true)
-                .ok_or_else(|| serde_json::Error::custom("a value too long for base64"))?;
-            out.resize(at + len, 0);
-            let written = base64::engine::general_purpose::STANDARD
-                .encode_slice(value, &mut out[at..])
-                .map_err(serde_json::Error::custom)?;
-            out.truncate(at + written);
+            super::b64::encode_append(value, out);
             out.push(b'"');
         }
     }
@@ -84,8 +73,7 @@ pub(crate) fn write_array<'a, H: serde::Serialize>(
 pub(crate) fn from_json(value: Option<String>, value_b64: Option<String>) -> Result<Bytes, String> {
     match (value, value_b64) {
         (Some(text), None) => Ok(Bytes::from(text.into_bytes())),
-        (None, Some(b64)) => base64::engine::general_purpose::STANDARD
-            .decode(b64.as_bytes())
+        (None, Some(b64)) => super::b64::decode(b64.as_bytes())
             .map(Bytes::from)
             .map_err(|e| format!("value_b64 is not valid base64: {e}")),
         (Some(_), Some(_)) => Err("a record has both value and value_b64; send exactly one".into()),
