@@ -2,8 +2,9 @@
 //! is not UTF-8 text.
 //!
 //! Encoding and decoding use the CPU's vector instructions where it has them (`base64-simd`):
-//! a 1 KiB value decodes in a quarter of the time the `base64` crate's scalar engine takes, and
-//! encodes in a sixth, which a leader pays for every record a JSON client publishes or pulls.
+//! a 1 KiB value decodes in about a third of the time the `base64` crate's scalar engine takes,
+//! and encodes in a sixth, which a leader pays for every record a JSON client publishes or
+//! pulls.
 //! What is accepted does not change with it: a value the vector decoder refuses is decoded
 //! again by the scalar engine, which decides and gives the error, so a value is accepted
 //! exactly when the scalar engine (`STANDARD`: padding required, no bits left over in the last
