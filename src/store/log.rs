@@ -15,7 +15,8 @@
 //! handed over before them, and are waited for. A follower's append, when the thread has
 //! nothing queued, is written and synced by `append` itself, holding the thread's state, so
 //! that the commit path does not pay two thread wake-ups on the follower
-//! ([`LogStore::sync_follower_appends_in_place`]).
+//! ([`LogStore::sync_follower_appends_in_place`]); but not one that comes in right behind the
+//! last fsync, while more are on their way: those go to the thread and share an fsync.
 //!
 //! The state machine must never make state durable ahead of the local log (its applies skip
 //! RocksDB's WAL and reach disk when a memtable is flushed): [`LogStore::durable`] is how far
@@ -270,6 +271,21 @@ struct Flusher {
 /// node's runtime, until an fsync is quick again.
 const IN_PLACE_FSYNC_MAX: std::time::Duration = std::time::Duration::from_millis(20);
 
+/// Whether a follower's append that finds the log thread idle is written and synced in place,
+/// given how long the last fsync took, how long ago it ended, and [`IN_PLACE_FSYNC_MAX`]. Not
+/// after a slow fsync (above). Nor when the last fsync ended more recently than it took: an
+/// append that comes in that soon came in behind it, while the runtime was held by it, and
+/// more are likely on their way (the leader keeps several in flight); the log thread takes it,
+/// and those that follow while it syncs share its next fsync instead of paying one each. One
+/// append at a time, spaced by the round trip to the leader, stays in place.
+fn sync_here(
+    last_fsync: std::time::Duration,
+    since_it_ended: Option<std::time::Duration>,
+    max: std::time::Duration,
+) -> bool {
+    last_fsync <= max && since_it_ended.is_none_or(|since| since >= last_fsync)
+}
+
 impl Drop for Flusher {
     fn drop(&mut self) {
         drop(self.tx.take());
@@ -348,8 +364,9 @@ struct LogThread {
     fsync_seconds: metrics::Histogram,
     append_seconds: metrics::Histogram,
     fsyncs: metrics::Counter,
-    /// How long the last fsync took.
+    /// How long the last fsync took, and when it ended.
     last_fsync: std::time::Duration,
+    last_sync_end: Option<std::time::Instant>,
 }
 
 impl LogThread {
@@ -408,6 +425,7 @@ impl LogThread {
         };
         let done = std::time::Instant::now();
         self.last_fsync = done.duration_since(started);
+        self.last_sync_end = Some(done);
         self.fsync_seconds.record(self.last_fsync.as_secs_f64());
         self.fsyncs.increment(1);
         for q in self.waiting.drain(..) {
@@ -725,6 +743,7 @@ impl LogStore {
             append_seconds: metrics::histogram!("raftq_log_append_seconds"),
             fsyncs: metrics::counter!("raftq_log_fsyncs_total"),
             last_fsync: std::time::Duration::ZERO,
+            last_sync_end: None,
         }));
         let pending = Arc::new(AtomicU64::new(0));
         let thread = std::thread::Builder::new()
@@ -775,17 +794,19 @@ impl LogStore {
             .store(max.as_micros() as u64, Ordering::SeqCst);
     }
 
-    /// Whether the log thread has nothing queued and is not holding its state: a follower's
-    /// append made now is written in place (given a quick last fsync). The thread reports an
-    /// append flushed a moment before it lets go of its state.
+    /// Whether the log thread has nothing queued and is not holding its state, and the last
+    /// fsync ended at least as long ago as it took: a follower's append made now is written in
+    /// place (given a quick last fsync). The thread reports an append flushed a moment before
+    /// it lets go of its state.
     #[cfg(test)]
     pub(crate) fn log_thread_idle(&self) -> bool {
         self.flusher.pending.load(Ordering::SeqCst) == 0
-            && self
-                .flusher
-                .state
-                .try_lock()
-                .is_ok_and(|thread| thread.waiting.is_empty())
+            && self.flusher.state.try_lock().is_ok_and(|thread| {
+                thread.waiting.is_empty()
+                    && thread
+                        .last_sync_end
+                        .is_none_or(|end| end.elapsed() >= thread.last_fsync)
+            })
     }
 
     /// The first index a read of this log returns (one past the last purged), as purges move
@@ -847,7 +868,8 @@ impl LogStore {
 
     /// Writes and syncs `q` here, as the log thread would, if this node is a follower (every
     /// entry was made by another leader, as its node id tells), the thread has nothing pending
-    /// and the last fsync was quick. Gives `q` back otherwise.
+    /// and the last fsync was quick and did not end just now ([`sync_here`]). Gives `q` back
+    /// otherwise.
     fn sync_in_place(&self, q: Queued, from_another_leader: bool) -> Option<Queued> {
         // The negative control syncs on its timer only: it must stay the broker that
         // acknowledges what it has not synced, on followers too.
@@ -862,7 +884,9 @@ impl LogStore {
             return Some(q);
         };
         let max = self.flusher.in_place_fsync_max_us.load(Ordering::Relaxed);
-        if thread.last_fsync.as_micros() > u128::from(max) || !thread.waiting.is_empty() {
+        let max = std::time::Duration::from_micros(max);
+        let since = thread.last_sync_end.map(|end| end.elapsed());
+        if !sync_here(thread.last_fsync, since, max) || !thread.waiting.is_empty() {
             return Some(q);
         }
         thread.write(q);

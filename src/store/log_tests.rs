@@ -156,6 +156,29 @@ async fn a_followers_append_is_synced_before_it_returns() {
     assert_eq!(indexes(&mut store).await, (1..=15).collect::<Vec<_>>());
 }
 
+/// When a follower's append that finds the log thread idle is synced in place: after a quick
+/// fsync that ended at least as long ago as it took (one append at a time, spaced by the round
+/// trip to the leader); not after a slow fsync (a stalled disk); not right behind the last
+/// fsync, when appends come in faster than they are synced and the log thread groups them.
+#[test]
+fn a_follower_syncs_in_place_only_when_its_appends_are_spaced() {
+    use std::time::Duration;
+    let us = Duration::from_micros;
+    let max = Duration::from_millis(20);
+    // The first append a store makes: no fsync yet.
+    assert!(sync_here(Duration::ZERO, None, max));
+    // Spaced: the last fsync took 200 µs and ended 200 µs or more ago.
+    assert!(sync_here(us(200), Some(us(200)), max));
+    assert!(sync_here(us(200), Some(us(700)), max));
+    // Right behind it: ended 50 or 199 µs ago.
+    assert!(!sync_here(us(200), Some(us(50)), max));
+    assert!(!sync_here(us(200), Some(us(199)), max));
+    // A slow fsync, however long ago.
+    let ms = Duration::from_millis;
+    assert!(!sync_here(ms(25), Some(ms(5_000)), max));
+    assert!(sync_here(ms(20), Some(ms(5_000)), max));
+}
+
 /// A saved commit index past the log's end (a follower that received entries, heard they
 /// were committed, and stopped before writing them) reads back as the log's end, so that
 /// start-up applies only what the log holds; behind a snapshot, the end is the purge point.
