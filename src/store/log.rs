@@ -370,6 +370,13 @@ struct LogThread {
 }
 
 impl LogThread {
+    /// Whether a follower's append found now is written and synced in place, as far as this
+    /// state tells ([`sync_here`]; nothing waiting for a sync).
+    fn takes_in_place(&self, max: std::time::Duration) -> bool {
+        let since = self.last_sync_end.map(|end| end.elapsed());
+        self.waiting.is_empty() && sync_here(self.last_fsync, since, max)
+    }
+
     fn fail(&mut self, e: String) -> String {
         if self.failed.is_none() {
             tracing::error!("{e}; every later log write fails");
@@ -794,19 +801,24 @@ impl LogStore {
             .store(max.as_micros() as u64, Ordering::SeqCst);
     }
 
-    /// Whether the log thread has nothing queued and is not holding its state, and the last
-    /// fsync ended at least as long ago as it took: a follower's append made now is written in
-    /// place (given a quick last fsync). The thread reports an append flushed a moment before
-    /// it lets go of its state.
+    /// Whether a follower's append made now is written in place: the log thread has nothing
+    /// queued and is not holding its state, which takes it in place
+    /// ([`LogThread::takes_in_place`]). The thread reports an append flushed a moment before it
+    /// lets go of its state.
     #[cfg(test)]
     pub(crate) fn log_thread_idle(&self) -> bool {
         self.flusher.pending.load(Ordering::SeqCst) == 0
-            && self.flusher.state.try_lock().is_ok_and(|thread| {
-                thread.waiting.is_empty()
-                    && thread
-                        .last_sync_end
-                        .is_none_or(|end| end.elapsed() >= thread.last_fsync)
-            })
+            && self
+                .flusher
+                .state
+                .try_lock()
+                .is_ok_and(|thread| thread.takes_in_place(self.in_place_fsync_max()))
+    }
+
+    /// [`IN_PLACE_FSYNC_MAX`], or what a test set instead.
+    fn in_place_fsync_max(&self) -> std::time::Duration {
+        let us = self.flusher.in_place_fsync_max_us.load(Ordering::Relaxed);
+        std::time::Duration::from_micros(us)
     }
 
     /// The first index a read of this log returns (one past the last purged), as purges move
@@ -883,10 +895,7 @@ impl LogStore {
         let Ok(mut thread) = self.flusher.state.try_lock() else {
             return Some(q);
         };
-        let max = self.flusher.in_place_fsync_max_us.load(Ordering::Relaxed);
-        let max = std::time::Duration::from_micros(max);
-        let since = thread.last_sync_end.map(|end| end.elapsed());
-        if !sync_here(thread.last_fsync, since, max) || !thread.waiting.is_empty() {
+        if !thread.takes_in_place(self.in_place_fsync_max()) {
             return Some(q);
         }
         thread.write(q);
