@@ -11,9 +11,20 @@
 //! read as zeros: a header of zeros (or a rest too short for one, all zeros) is where the frames
 //! end. A segment written before this layout ends where its file ends, and reads the same.
 //!
+//! A segment the log purged is kept for reuse (renamed `<n>.spare`, at most [`MAX_SPARE_SEGMENTS`]) when
+//! nothing else holds it (no snapshot links its file, no caller is syncing it), and the next
+//! segment is started in it: its blocks are already written, so an fdatasync after an append
+//! into them writes the data alone, not also the metadata that marks fresh blocks written (on
+//! ext4, about a quarter of the sync's time: docs/performance.md, step 21). Its old frames stay
+//! beyond the new ones until overwritten, so every append writes a header of zeros after its
+//! frame (as much of one as the segment has room for), which the next append overwrites: the
+//! frames end where the zeros are, in a reused file as in a new one. An older frame could not pass for the next
+//! entry anyway: it holds an entry at or below the purge that freed the file, below any entry
+//! appended since.
+//!
 //! Durability: [`SegmentLog::sync`] fdatasyncs the segment being appended to; a segment is
-//! fsynced before the next one is created, and the directory after every file created or
-//! removed. Opening checks every frame. A frame that does not read whole (its length runs past
+//! fsynced before the next one is created, and the directory after every file created,
+//! renamed or removed. Opening checks every frame. A frame that does not read whole (its length runs past
 //! the end, its CRC or its index is wrong) is damage when its index is at or below `durable`
 //! (the caller's record of what was fsynced, and so may have been acknowledged), or when it is
 //! not in the last segment; the open then fails and names it. Otherwise it is the torn tail of
@@ -36,6 +47,11 @@ pub const MAX_PAYLOAD: u32 = 256 << 20;
 /// one segment of purged entries stays on disk: small enough for a node's data directory to stay
 /// bounded, large enough that starting a segment (a file created, a directory fsync) is rare.
 pub const DEFAULT_SEGMENT_BYTES: u64 = 8 << 20;
+/// Purged segments kept for reuse: 256 MiB of files at the default size, the default snapshot
+/// policy's bytes, so that what one snapshot's purge frees can hold every segment written until
+/// the next one. A purge beyond it removes files, as before.
+pub const MAX_SPARE_SEGMENTS: usize = 32;
+const SPARE_SUFFIX: &str = ".spare";
 
 #[derive(Debug, thiserror::Error)]
 pub enum SegmentError {
@@ -94,6 +110,9 @@ pub struct SegmentLog {
     max_segment_bytes: u64,
     /// Whether the last segment has writes not yet synced.
     dirty: bool,
+    /// Purged segment files kept for reuse, and the number the next one is named by.
+    spares: Vec<PathBuf>,
+    next_spare: u64,
 }
 
 fn file_name(first: u64) -> String {
@@ -125,7 +144,8 @@ fn frame(index: u64, payload: &[u8]) -> Result<Vec<u8>, SegmentError> {
 /// append wrote as written at the fdatasync. Measured alone on ext4 (a 32 KiB append then an
 /// fdatasync): about 270 µs when the file grows, 170 to 190 µs here, 95 to 110 µs into blocks
 /// already written with zeros. No zeros are written: that would write every byte of the log
-/// twice (docs/performance.md, step 16's experiments). Best effort: on a file system without
+/// twice (docs/performance.md, step 16's experiments); a purged segment's file, whose blocks
+/// are written, is reused instead when there is one. Best effort: on a file system without
 /// `fallocate` the file grows as frames are appended.
 fn preallocate(file: &File, bytes: u64) {
     use std::os::fd::AsRawFd;
@@ -270,7 +290,10 @@ impl SegmentLog {
             segments: Vec::new(),
             max_segment_bytes: max_segment_bytes.max(MAGIC.len() as u64 + 1),
             dirty: false,
+            spares: Vec::new(),
+            next_spare: 0,
         };
+        log.keep_spares()?;
         let mut recovery = Recovery::default();
         for (n, &first) in firsts.iter().enumerate() {
             let path = dir.join(file_name(first));
@@ -337,6 +360,8 @@ impl SegmentLog {
             segments: Vec::new(),
             max_segment_bytes: DEFAULT_SEGMENT_BYTES,
             dirty: false,
+            spares: Vec::new(),
+            next_spare: 0,
         };
         for first in firsts.into_iter().filter(|f| *f <= through) {
             let path = dir.join(file_name(first));
@@ -472,7 +497,7 @@ impl SegmentLog {
     /// at once; durable after the next [`sync`](Self::sync).
     pub fn append(&mut self, index: u64, payload: &[u8]) -> Result<(), SegmentError> {
         self.check_next(index)?;
-        let frame = frame(index, payload)?;
+        let mut frame = frame(index, payload)?;
         let frame_len = frame.len() as u64;
         let roll = match self.segments.last() {
             None => true,
@@ -490,6 +515,9 @@ impl SegmentLog {
                 source: io::Error::other("no segment to append to"),
             });
         };
+        // Zeros after the frame: where the frames end (see the module docs).
+        let room = self.max_segment_bytes.saturating_sub(seg.len + frame_len);
+        frame.resize(frame.len() + room.min(FRAME_HEADER as u64) as usize, 0);
         seg.file
             .write_all_at(&frame, seg.len)
             .map_err(io_at(&seg.path))?;
@@ -527,19 +555,40 @@ impl SegmentLog {
         Ok(())
     }
 
-    /// Syncs the current segment and starts a new one whose first entry will be `first`.
+    /// Syncs the current segment and starts a new one whose first entry will be `first`, in a
+    /// spare file when there is one.
     fn start_segment(&mut self, first: u64) -> Result<(), SegmentError> {
         self.sync()?;
         let path = self.dir.join(file_name(first));
         let io = io_at(&path);
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&path)
-            .map_err(&io)?;
+        let file = match self.spares.pop() {
+            Some(spare) if !path.exists() => {
+                fs::rename(&spare, &path).map_err(io_at(&spare))?;
+                let file = OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(&path)
+                    .map_err(&io)?;
+                // No older bytes past the segment's size, where the frames may end with no
+                // room for the zeros.
+                file.set_len(self.max_segment_bytes).map_err(&io)?;
+                file
+            }
+            spare => {
+                self.spares.extend(spare);
+                OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create_new(true)
+                    .open(&path)
+                    .map_err(&io)?
+            }
+        };
         preallocate(&file, self.max_segment_bytes);
-        file.write_all_at(MAGIC, 0).map_err(&io)?;
+        // The header, and the zeros where the frames end (a reused file holds older ones).
+        let mut start = MAGIC.to_vec();
+        start.resize(MAGIC.len() + FRAME_HEADER, 0);
+        file.write_all_at(&start, 0).map_err(&io)?;
         file.sync_all().map_err(&io)?;
         sync_dir(&self.dir).map_err(&io)?;
         // An empty segment left by a truncation is replaced, not kept beside the new one.
@@ -636,13 +685,69 @@ impl SegmentLog {
             .is_some_and(|s| s.last().is_none_or(|l| l <= index))
         {
             let seg = self.segments.remove(0);
-            fs::remove_file(&seg.path).map_err(io_at(&seg.path))?;
+            self.retire(seg)?;
             removed = true;
         }
         if removed {
             sync_dir(&self.dir).map_err(io_at(&self.dir))?;
         }
         Ok(self.first_index())
+    }
+
+    /// A purged segment's file: kept as a spare when there is room and nothing else holds it
+    /// (a snapshot's hard link, or a caller syncing it outside the lock: its old inode must not
+    /// be written again under them), removed otherwise. The caller syncs the directory.
+    fn retire(&mut self, seg: Segment) -> Result<(), SegmentError> {
+        use std::os::unix::fs::MetadataExt;
+        let io = io_at(&seg.path);
+        let alone =
+            Arc::strong_count(&seg.file) == 1 && seg.file.metadata().map_err(&io)?.nlink() == 1;
+        if alone && self.spares.len() < MAX_SPARE_SEGMENTS {
+            let spare = self.dir.join(format!("{}{SPARE_SUFFIX}", self.next_spare));
+            self.next_spare += 1;
+            fs::rename(&seg.path, &spare).map_err(&io)?;
+            self.spares.push(spare);
+        } else {
+            fs::remove_file(&seg.path).map_err(&io)?;
+        }
+        Ok(())
+    }
+
+    /// At open: the spare files in the directory, kept up to [`MAX_SPARE_SEGMENTS`] and
+    /// removed beyond it.
+    fn keep_spares(&mut self) -> Result<(), SegmentError> {
+        let io = io_at(&self.dir);
+        let mut found = Vec::new();
+        for item in fs::read_dir(&self.dir).map_err(&io)? {
+            let name = item.map_err(&io)?.file_name();
+            if let Some(n) = name
+                .to_string_lossy()
+                .strip_suffix(SPARE_SUFFIX)
+                .and_then(|n| n.parse::<u64>().ok())
+            {
+                found.push(n);
+            }
+        }
+        found.sort_unstable();
+        self.next_spare = found.last().map_or(0, |n| n + 1);
+        let extra = found.len().saturating_sub(MAX_SPARE_SEGMENTS);
+        for n in found.drain(..extra) {
+            let path = self.dir.join(format!("{n}{SPARE_SUFFIX}"));
+            fs::remove_file(&path).map_err(io_at(&path))?;
+        }
+        if extra > 0 {
+            sync_dir(&self.dir).map_err(&io)?;
+        }
+        self.spares = found
+            .into_iter()
+            .map(|n| self.dir.join(format!("{n}{SPARE_SUFFIX}")))
+            .collect();
+        Ok(())
+    }
+
+    /// How many purged segment files are kept for reuse.
+    pub fn spare_count(&self) -> usize {
+        self.spares.len()
     }
 }
 

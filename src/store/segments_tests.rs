@@ -21,6 +21,7 @@ fn segment_files(dir: &Path) -> Vec<PathBuf> {
     let mut files: Vec<PathBuf> = fs::read_dir(dir)
         .expect("dir")
         .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
         .collect();
     files.sort();
     files
@@ -273,6 +274,7 @@ fn a_purge_past_the_last_entry_empties_the_log() {
     assert_eq!(log.purge_to(100).expect("purge"), None);
     assert_eq!(log.last_index(), None);
     assert!(segment_files(dir.path()).is_empty());
+    assert!(log.spare_count() > 0, "their files kept for reuse");
     fill(&mut log, 101..=105);
     drop(log);
     let (log, _) = open(dir.path(), 105).expect("reopen");
@@ -427,4 +429,170 @@ fn link_or_copy_ends_exactly_where_asked() {
         .map(|f| ino(a.path().join(name(*f))))
         .collect();
     assert_eq!(inodes, own);
+}
+
+fn inode(path: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    fs::metadata(path).expect("meta").ino()
+}
+
+/// A segment the log purged is kept as a spare, and the next segment starts in its file; none
+/// of the file's older frames is ever read as an entry: not while it is the segment appended
+/// to, nor once it is finished: the zeros each append writes after its frame end the frames.
+#[test]
+fn a_purged_segment_is_reused_and_its_old_frames_never_read() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut log, _) = open(dir.path(), 0).expect("open");
+    fill(&mut log, 1..=60);
+    let before: Vec<(PathBuf, u64)> = segment_files(dir.path())
+        .into_iter()
+        .map(|p| (p.clone(), inode(&p)))
+        .collect();
+    let first = log.purge_to(40).expect("purge").expect("entries left");
+    let purged: Vec<u64> = before
+        .iter()
+        .filter(|(p, _)| !p.exists())
+        .map(|(_, ino)| *ino)
+        .collect();
+    assert!(purged.len() >= 3, "purged {} segments", purged.len());
+    assert_eq!(log.spare_count(), purged.len(), "every purged file kept");
+    let reused = |dir: &Path| {
+        segment_files(dir)
+            .iter()
+            .filter(|p| purged.contains(&inode(p)))
+            .count()
+    };
+
+    // Into the first spare, and stop there: the segment appended to holds older frames after
+    // the new ones.
+    let mut last = 60;
+    while log.spare_count() == purged.len() {
+        last += 1;
+        fill(&mut log, last..=last);
+    }
+    assert_eq!(reused(dir.path()), 1);
+    assert_holds(&log, first..=last);
+    drop(log);
+    let (mut log, recovery) = open(dir.path(), last).expect("reopen");
+    assert_eq!(
+        recovery.cut_bytes, 0,
+        "older frames are the end, not a torn tail"
+    );
+    assert_holds(&log, first..=last);
+
+    // Through every spare and past them: the finished reused segments read back after an open.
+    fill(&mut log, last + 1..=last + 80);
+    assert_eq!(log.spare_count(), 0);
+    assert_eq!(reused(dir.path()), purged.len());
+    drop(log);
+    let (log, recovery) = open(dir.path(), last + 80).expect("reopen");
+    assert_eq!(recovery.cut_bytes, 0);
+    assert_holds(&log, first..=last + 80);
+}
+
+/// A purged segment's file is reused only when nothing else holds it: not when a snapshot
+/// links it (the snapshot would read the new entries written over its own), not while a
+/// caller syncs it outside the lock, and no more of them than the bound.
+#[test]
+fn a_segment_linked_or_held_elsewhere_is_not_reused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (log_dir, snap_dir) = (dir.path().join("log"), dir.path().join("snap"));
+    fs::create_dir_all(&snap_dir).expect("mkdir");
+    let (mut log, _) = open(&log_dir, 0).expect("open");
+    fill(&mut log, 1..=40);
+    let linked = log.link_range(1, 20, &snap_dir).expect("link");
+    assert!(linked >= 2);
+    log.purge_to(20).expect("purge");
+    assert_eq!(log.spare_count(), 0, "linked files are not reused");
+    fill(&mut log, 41..=100);
+    let snap = SegmentLog::open_read_only(&snap_dir, 20).expect("the snapshot's files");
+    for i in 1..=20 {
+        assert_eq!(snap.read(i).expect("read"), Some(payload(i)), "entry {i}");
+    }
+    drop(log);
+
+    // The segment a caller is syncing outside the lock.
+    let held_dir = dir.path().join("held");
+    let (mut log, _) = open(&held_dir, 0).expect("open");
+    fill(&mut log, 1..=10);
+    log.append(11, &payload(11)).expect("append");
+    let files = segment_files(&held_dir).len();
+    let (held, _) = log.unsynced().expect("unsynced");
+    assert_eq!(log.purge_to(100).expect("purge all"), None);
+    assert_eq!(log.spare_count(), files - 1, "all but the held one kept");
+    held.sync_data().expect("the held file is still its own");
+    let held_ino = {
+        use std::os::unix::fs::MetadataExt;
+        held.metadata().expect("meta").ino()
+    };
+    fill(&mut log, 101..=200);
+    assert!(
+        segment_files(&held_dir)
+            .iter()
+            .all(|p| inode(p) != held_ino),
+        "the held file was reused"
+    );
+    drop(log);
+
+    // More spares on disk than the bound: the extra ones go at the next open.
+    for n in 0..MAX_SPARE_SEGMENTS + 3 {
+        fs::write(log_dir.join(format!("{}{SPARE_SUFFIX}", 1_000 + n)), b"x").expect("spare");
+    }
+    let (log, _) = open(&log_dir, 100).expect("reopen");
+    assert_eq!(log.spare_count(), MAX_SPARE_SEGMENTS);
+    let on_disk = fs::read_dir(&log_dir)
+        .expect("dir")
+        .filter(|e| {
+            e.as_ref()
+                .expect("entry")
+                .file_name()
+                .to_string_lossy()
+                .ends_with(SPARE_SUFFIX)
+        })
+        .count();
+    assert_eq!(on_disk, MAX_SPARE_SEGMENTS);
+    assert_holds(&log, log.first_index().expect("entries")..=100);
+}
+
+/// Power loss with reused segments: each round purges the front of the log (its files become
+/// spares), appends synced entries and an unsynced tail that rolls into them, and loses power.
+/// Every synced entry reads back after the open; nothing of a reused file's older content does.
+/// Needs root and `/dev/fuse`.
+#[test]
+fn a_power_loss_with_reused_segments_keeps_every_synced_entry() {
+    let (_root, disk, mount) = fault_disk();
+    let dir = mount.join("log");
+    let mut synced = 0u64;
+    let mut reused = 0;
+    for round in 0..8u64 {
+        let (mut log, _) = open(&dir, synced).expect("open after a power loss");
+        let held = log.last_index().unwrap_or(0);
+        assert!(
+            held >= synced,
+            "round {round}: synced entry {synced}, log ends at {held}"
+        );
+        if let Some(first) = log.first_index() {
+            assert_holds(&log, first..=held);
+        }
+        if held > 12 {
+            log.purge_to(held - 12).expect("purge");
+        }
+        let spares = log.spare_count();
+        fill(&mut log, held + 1..=held + 10);
+        synced = held + 10;
+        for i in synced + 1..=synced + 7 + round * 3 {
+            log.append(i, &payload(i)).expect("append");
+        }
+        reused += spares - log.spare_count();
+        drop(log);
+        let report = disk.control().drop_unsynced().expect("power loss");
+        assert!(report.bytes > 0, "round {round}: nothing was unsynced");
+    }
+    assert!(reused >= 8, "segments reused: {reused}");
+    let (log, _) = open(&dir, synced).expect("open");
+    assert_holds(
+        &log,
+        log.first_index().expect("entries")..=log.last_index().expect("entries"),
+    );
+    disk.unmount().expect("unmount");
 }
