@@ -11,24 +11,24 @@
 //! read as zeros: a header of zeros (or a rest too short for one, all zeros) is where the frames
 //! end. A segment written before this layout ends where its file ends, and reads the same.
 //!
-//! A segment the log purged is kept for reuse (renamed `<n>.spare`, at most [`MAX_SPARE_SEGMENTS`]) when
-//! nothing else holds it (no snapshot links its file, no caller is syncing it), and the next
-//! segment is started in it: its blocks are already written, so an fdatasync after an append
-//! into them writes the data alone, not also the metadata that marks fresh blocks written (on
-//! ext4, about a quarter of the sync's time: docs/performance.md, step 21). Its old frames stay
-//! beyond the new ones until overwritten, so every append writes a header of zeros after its
-//! frame (as much of one as the segment has room for), which the next append overwrites: the
-//! frames end where the zeros are, in a reused file as in a new one. An older frame could not pass for the next
-//! entry anyway: it holds an entry at or below the purge that freed the file, below any entry
-//! appended since.
+//! A segment the log purged is kept for reuse (renamed `<n>.spare`, at most
+//! [`MAX_SPARE_SEGMENTS`]) when nothing else holds it (no snapshot links its file, no caller is
+//! syncing it), and the next segment is started in it: its blocks are already written, so an
+//! fdatasync after an append into them writes the data alone, not also the metadata that marks
+//! fresh blocks written (on ext4, about a quarter of the sync's time: docs/performance.md, step
+//! 21). Its old frames stay beyond the new ones until overwritten, so every append writes a
+//! header of zeros after its frame (as much of one as the segment has room for), which the next
+//! append overwrites: the frames end where the zeros are, in a reused file as in a new one. An
+//! older frame could not pass for the next entry anyway: it holds an entry at or below the purge
+//! that freed the file, below any entry appended since.
 //!
 //! Durability: [`SegmentLog::sync`] fdatasyncs the segment being appended to; a segment is
-//! fsynced before the next one is created, and the directory after every file created,
-//! renamed or removed. Opening checks every frame. A frame that does not read whole (its length runs past
-//! the end, its CRC or its index is wrong) is damage when its index is at or below `durable`
-//! (the caller's record of what was fsynced, and so may have been acknowledged), or when it is
-//! not in the last segment; the open then fails and names it. Otherwise it is the torn tail of
-//! writes that were never synced: the file is cut before it, and that is reported.
+//! fsynced before the next one is created, and the directory after every file created, renamed
+//! or removed. Opening checks every frame. A frame that does not read whole (its length runs
+//! past the end, its CRC or its index is wrong) is damage when its index is at or below
+//! `durable` (the caller's record of what was fsynced, and so may have been acknowledged), or
+//! when it is not in the last segment; the open then fails and names it. Otherwise it is the
+//! torn tail of writes that were never synced: the file is cut before it, and that is reported.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufReader, Read, Write};
