@@ -596,3 +596,19 @@ fn a_power_loss_with_reused_segments_keeps_every_synced_entry() {
     );
     disk.unmount().expect("unmount");
 }
+
+/// A purge keeps at most [`MAX_SPARE_SEGMENTS`] files for reuse and removes the rest.
+#[test]
+fn a_purge_keeps_no_more_spares_than_the_bound() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut log, _) = open(dir.path(), 0).expect("open");
+    let mut last = 0;
+    while segment_files(dir.path()).len() <= MAX_SPARE_SEGMENTS + 2 {
+        last += 1;
+        fill(&mut log, last..=last);
+    }
+    assert_eq!(log.purge_to(last + 1).expect("purge"), None);
+    assert_eq!(log.spare_count(), MAX_SPARE_SEGMENTS);
+    let files = fs::read_dir(dir.path()).expect("dir").count();
+    assert_eq!(files, MAX_SPARE_SEGMENTS, "the rest removed");
+}
