@@ -123,13 +123,14 @@ fn frame_crc(index: u64, payload: &[u8]) -> u32 {
     crc32c::crc32c_append(crc32c::crc32c(&index.to_le_bytes()), payload)
 }
 
-/// Entry `index`'s frame: header and payload.
+/// Entry `index`'s frame: header and payload, with room left for the header of zeros an append
+/// writes after it (so that adding them does not copy the frame).
 fn frame(index: u64, payload: &[u8]) -> Result<Vec<u8>, SegmentError> {
     let len = u32::try_from(payload.len())
         .ok()
         .filter(|l| *l <= MAX_PAYLOAD)
         .ok_or(SegmentError::TooLarge(payload.len()))?;
-    let mut frame = Vec::with_capacity(FRAME_HEADER + payload.len());
+    let mut frame = Vec::with_capacity(2 * FRAME_HEADER + payload.len());
     frame.extend_from_slice(&len.to_le_bytes());
     frame.extend_from_slice(&frame_crc(index, payload).to_le_bytes());
     frame.extend_from_slice(&index.to_le_bytes());
