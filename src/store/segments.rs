@@ -119,6 +119,11 @@ fn file_name(first: u64) -> String {
     format!("{first:020}.seg")
 }
 
+/// A spare segment file's name: its number, in the order spares were made.
+fn spare_name(n: u64) -> String {
+    format!("{n}{SPARE_SUFFIX}")
+}
+
 fn frame_crc(index: u64, payload: &[u8]) -> u32 {
     crc32c::crc32c_append(crc32c::crc32c(&index.to_le_bytes()), payload)
 }
@@ -260,20 +265,25 @@ fn scan(path: &Path, first: u64) -> Result<(Vec<u64>, u64, Option<Bad>), Segment
 
 /// The first indexes of the segment files in `dir` (their names), in order.
 pub fn segment_firsts(dir: &Path) -> Result<Vec<u64>, SegmentError> {
+    numbered_files(dir, ".seg")
+}
+
+/// The numbers that name the files `<number><suffix>` in `dir`, in order.
+fn numbered_files(dir: &Path, suffix: &str) -> Result<Vec<u64>, SegmentError> {
     let io = io_at(dir);
-    let mut firsts = Vec::new();
+    let mut numbers = Vec::new();
     for item in fs::read_dir(dir).map_err(&io)? {
         let name = item.map_err(&io)?.file_name();
-        if let Some(first) = name
+        if let Some(n) = name
             .to_string_lossy()
-            .strip_suffix(".seg")
+            .strip_suffix(suffix)
             .and_then(|n| n.parse::<u64>().ok())
         {
-            firsts.push(first);
+            numbers.push(n);
         }
     }
-    firsts.sort_unstable();
-    Ok(firsts)
+    numbers.sort_unstable();
+    Ok(numbers)
 }
 
 impl SegmentLog {
@@ -704,7 +714,7 @@ impl SegmentLog {
         let alone =
             Arc::strong_count(&seg.file) == 1 && seg.file.metadata().map_err(&io)?.nlink() == 1;
         if alone && self.spares.len() < MAX_SPARE_SEGMENTS {
-            let spare = self.dir.join(format!("{}{SPARE_SUFFIX}", self.next_spare));
+            let spare = self.dir.join(spare_name(self.next_spare));
             self.next_spare += 1;
             fs::rename(&seg.path, &spare).map_err(&io)?;
             self.spares.push(spare);
@@ -717,31 +727,19 @@ impl SegmentLog {
     /// At open: the spare files in the directory, kept up to [`MAX_SPARE_SEGMENTS`] and
     /// removed beyond it.
     fn keep_spares(&mut self) -> Result<(), SegmentError> {
-        let io = io_at(&self.dir);
-        let mut found = Vec::new();
-        for item in fs::read_dir(&self.dir).map_err(&io)? {
-            let name = item.map_err(&io)?.file_name();
-            if let Some(n) = name
-                .to_string_lossy()
-                .strip_suffix(SPARE_SUFFIX)
-                .and_then(|n| n.parse::<u64>().ok())
-            {
-                found.push(n);
-            }
-        }
-        found.sort_unstable();
+        let mut found = numbered_files(&self.dir, SPARE_SUFFIX)?;
         self.next_spare = found.last().map_or(0, |n| n + 1);
         let extra = found.len().saturating_sub(MAX_SPARE_SEGMENTS);
         for n in found.drain(..extra) {
-            let path = self.dir.join(format!("{n}{SPARE_SUFFIX}"));
+            let path = self.dir.join(spare_name(n));
             fs::remove_file(&path).map_err(io_at(&path))?;
         }
         if extra > 0 {
-            sync_dir(&self.dir).map_err(&io)?;
+            sync_dir(&self.dir).map_err(io_at(&self.dir))?;
         }
         self.spares = found
             .into_iter()
-            .map(|n| self.dir.join(format!("{n}{SPARE_SUFFIX}")))
+            .map(|n| self.dir.join(spare_name(n)))
             .collect();
         Ok(())
     }

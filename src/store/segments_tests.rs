@@ -536,7 +536,7 @@ fn a_segment_linked_or_held_elsewhere_is_not_reused() {
 
     // More spares on disk than the bound: the extra ones go at the next open.
     for n in 0..MAX_SPARE_SEGMENTS + 3 {
-        fs::write(log_dir.join(format!("{}{SPARE_SUFFIX}", 1_000 + n)), b"x").expect("spare");
+        fs::write(log_dir.join(spare_name(1_000 + n as u64)), b"x").expect("spare");
     }
     let (log, _) = open(&log_dir, 100).expect("reopen");
     assert_eq!(log.spare_count(), MAX_SPARE_SEGMENTS);
