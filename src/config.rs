@@ -63,6 +63,11 @@ pub struct ServeArgs {
     /// log is bounded at four times this: memtables are flushed when it is reached.
     #[arg(long, env = "RAFTQ_WRITE_BUFFER_BYTES")]
     pub write_buffer_bytes: Option<u64>,
+    /// Size at which the Raft log starts a new segment file, in bytes (default 8 MiB). A log
+    /// purge removes or recycles whole segments, so up to one segment of purged entries stays
+    /// on disk; smaller segments free space sooner at the cost of more files started.
+    #[arg(long, env = "RAFTQ_SEGMENT_BYTES")]
+    pub segment_bytes: Option<u64>,
     /// Most client commands in one Raft entry (group commit; default 4,096). 1 turns group
     /// commit off: every command is an entry and an fsync of its own.
     #[arg(long, env = "RAFTQ_MAX_ENTRY_COMMANDS")]
@@ -130,6 +135,7 @@ struct FileConfig {
     snapshot_bytes: Option<u64>,
     snapshot_keep_logs: Option<u64>,
     write_buffer_bytes: Option<u64>,
+    segment_bytes: Option<u64>,
     max_entry_commands: Option<usize>,
     worker_threads: Option<usize>,
     max_requests_in_flight: Option<usize>,
@@ -175,6 +181,8 @@ pub struct Settings {
     pub snapshot_keep_logs: u64,
     /// RocksDB memtable size per column family.
     pub write_buffer_bytes: u64,
+    /// Size at which the Raft log starts a new segment file.
+    pub segment_bytes: u64,
     /// Most client commands in one Raft entry.
     pub max_entry_commands: usize,
     /// Runtime worker threads (`None`: one per core).
@@ -351,6 +359,13 @@ impl ServeArgs {
             (64 << 10, 1 << 30),
             "64 KiB and 1 GiB",
         )?;
+        let segment_bytes = within(
+            "segment_bytes",
+            self.segment_bytes.or(file.segment_bytes),
+            crate::store::segments::DEFAULT_SEGMENT_BYTES,
+            (64 << 10, 1 << 30),
+            "64 KiB and 1 GiB",
+        )?;
         let worker_threads = self
             .worker_threads
             .or(file.worker_threads)
@@ -443,6 +458,7 @@ impl ServeArgs {
             snapshot_bytes,
             snapshot_keep_logs,
             write_buffer_bytes,
+            segment_bytes,
             max_entry_commands,
             worker_threads,
             tls,
@@ -493,12 +509,15 @@ mod tests {
             (20_000, 256 << 20, 1_000)
         );
         assert_eq!(s.worker_threads, None, "one worker per core unless told");
+        assert_eq!(s.segment_bytes, 8 << 20);
         let mut a = base();
         a.snapshot_logs = Some(50);
         a.write_buffer_bytes = Some(1 << 20);
+        a.segment_bytes = Some(64 << 10);
         a.worker_threads = Some(1);
         let s = a.resolve().unwrap();
         assert_eq!((s.snapshot_logs, s.write_buffer_bytes), (50, 1 << 20));
+        assert_eq!(s.segment_bytes, 64 << 10);
         assert_eq!(s.worker_threads, Some(1));
     }
 
@@ -539,6 +558,10 @@ mod tests {
             (
                 Box::new(|a| a.write_buffer_bytes = Some(1000)),
                 "write_buffer_bytes must be between",
+            ),
+            (
+                Box::new(|a| a.segment_bytes = Some(4096)),
+                "segment_bytes must be between",
             ),
             (
                 Box::new(|a| a.max_body_bytes_in_flight = Some(1 << 20)),

@@ -292,3 +292,51 @@ async fn requests_beyond_the_in_flight_limit_get_429_and_a_refused_publish_chang
     let ack = c.publish_values("t", &["accepted".into()]).await;
     assert_eq!(ack.first_offset, 0, "the refused publish took an offset");
 }
+
+/// Soft and hard limits on open files of process `pid`, from `/proc/PID/limits`.
+fn open_files_limits(pid: u32) -> (String, String) {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).expect("read limits");
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .expect("a Max open files line");
+    let fields: Vec<&str> = line["Max open files".len()..].split_whitespace().collect();
+    (fields[0].to_string(), fields[1].to_string())
+}
+
+/// Every segment of the Raft log keeps its file open. A node started with a soft limit on open
+/// files below what its log needs raises it to its hard limit and keeps serving: here a soft
+/// limit of 64, and a log of 64 KiB segments grown to more than 150 of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_raises_its_open_files_limit_to_keep_a_log_of_many_segments() {
+    let c = Cluster::start_with(1, &["--segment-bytes", "65536"]).await;
+    c.create_topic("t").await;
+    c.kill(1);
+    c.set_open_files_limit(1, 64);
+    c.restart(1).await;
+    let (soft, hard) = open_files_limits(c.pid(1));
+    assert_eq!(
+        soft, hard,
+        "the node runs with the soft limit it was started with"
+    );
+    let client = c.client();
+    for batch in 0..160 {
+        let records = (0..8)
+            .map(|i| {
+                raftq_client::api::RecordIn::text(format!("{batch}-{i}-{}", "v".repeat(8_000)))
+            })
+            .collect();
+        if let Err(e) = client.publish_records("t", records).await {
+            c.fail(&format!("publishing batch {batch}: {e}"));
+        }
+    }
+    let segments = std::fs::read_dir(c.data_dir(1).join("log"))
+        .expect("the log directory")
+        .filter(|e| {
+            e.as_ref()
+                .is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".seg"))
+        })
+        .count();
+    assert!(segments > 150, "the log has {segments} segments");
+    assert_eq!(c.read_all(1, "t").await.len(), 160 * 8);
+}

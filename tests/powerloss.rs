@@ -220,3 +220,191 @@ async fn a_follower_losing_power_right_after_a_snapshot_install_keeps_what_it_in
         acked.len()
     );
 }
+
+/// The `.spare` files in node `id`'s log directory: purged segments kept for reuse, and the one
+/// made ahead of need.
+fn spares(c: &Cluster, id: u64) -> usize {
+    let dir = c.data_dir(id).join("log");
+    std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| c.fail(&format!("listing {}: {e}", dir.display())))
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".spare"))
+        .count()
+}
+
+/// Batch `batch` of publisher `task`: 16 unique values of 800 to 1,600 bytes.
+fn kept_batch(task: usize, batch: usize) -> Vec<String> {
+    (0..16)
+        .map(|i| {
+            let len = 800 + (batch * 131 + i * 53) % 800;
+            format!("t{task}-{batch:05}-{i:02}-{}", "k".repeat(len))
+        })
+        .collect()
+}
+
+/// DESIGN.md, "Durability", with the log reusing its files (ARCHITECTURE.md, "The Raft log in
+/// segment files"): a purged segment's file is renamed a spare and the next segment starts in
+/// it, its older frames still on disk beyond the new ones. Here every node's log runs in 64
+/// KiB segments. Small entries of a topic whose retention lets them go fill segments to their
+/// end, and snapshots purge them, until every node keeps spares. Then entries of 14 to 26 KiB
+/// of a second topic go into those files, so that each segment's new frames end well before
+/// its older ones did; and power is lost on every node at once, once every node has finished
+/// a segment in a reused file and is appending to another. Every acknowledged record must be
+/// on every node after the restart, no node may find its store damaged, and the nodes must
+/// agree: no older frame of a reused file may pass for an entry, nor make an open refuse a log
+/// whose synced entries are whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_power_loss_on_logs_that_reuse_their_files_keeps_every_acknowledged_record() {
+    // About 430 entries of the first topic fill a segment.
+    const CHURN_ENTRIES: u64 = 3_000;
+    const SPARES: usize = 4;
+    let c = Cluster::start_on_fault_disks(
+        3,
+        &[
+            "--segment-bytes",
+            "65536",
+            // Snapshots only when asked: a purge after many segments frees many at once.
+            "--snapshot-logs",
+            "1000000",
+            "--snapshot-keep-logs",
+            "5",
+        ],
+    )
+    .await;
+    let client = c.client();
+    let churn = TopicConfig {
+        retention: raftq_client::api::Retention {
+            max_records: Some(20),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    for (topic, config) in [("churn", churn), ("kept", TopicConfig::default())] {
+        if let Err(e) = client.create_topic(topic, &config).await {
+            c.fail(&format!("creating {topic}: {e}"));
+        }
+    }
+    let churning = Load::start(&client, "churn", 4, 1_000_000);
+    let ids = c.ids();
+    c.wait_for(
+        "the logs to span several segments",
+        Duration::from_secs(120),
+        || async {
+            for id in &ids {
+                let last = last_log_index(&c, *id).await;
+                if last < CHURN_ENTRIES {
+                    return Err(format!("node {id}'s log ends at {last}"));
+                }
+            }
+            Ok(())
+        },
+    )
+    .await;
+    churning.stop();
+    churning.finish(&c, Duration::from_secs(60)).await;
+    for id in c.ids() {
+        let resp = c
+            .call(reqwest::Method::POST, id, "/v1/cluster/snapshot")
+            .await;
+        assert_eq!(resp.status(), 200, "a snapshot on node {id}");
+        c.wait_purged(id, CHURN_ENTRIES - 100).await;
+    }
+    let before: Vec<usize> = c.ids().into_iter().map(|id| spares(&c, id)).collect();
+    eprintln!("spares on each node: {before:?}");
+    assert!(
+        before.iter().all(|n| *n >= SPARES),
+        "the purges left {before:?} spares"
+    );
+
+    // Batches of 14 to 26 KiB, one at a time, until every node has started two segments in
+    // spares (a purged segment's file is taken before the one made ahead of need, so with two
+    // spares left, the segments started since are purged segments' files). Then two
+    // publishers, and power loss on every node once both have been answered: their next
+    // batches are being appended.
+    let mut acked = BTreeSet::new();
+    let mut batch = 0;
+    loop {
+        let counts: Vec<usize> = c.ids().into_iter().map(|id| spares(&c, id)).collect();
+        assert!(
+            counts.iter().all(|n| *n >= 2),
+            "spares {counts:?} ({before:?} before): the publishing rolled past them"
+        );
+        if counts.iter().zip(&before).all(|(now, was)| now + 2 <= *was) {
+            eprintln!("after {batch} batches, spares on each node: {counts:?}");
+            break;
+        }
+        assert!(batch < 200, "after {batch} batches, spares {counts:?}");
+        let values = kept_batch(0, batch);
+        let records = values.iter().cloned().map(RecordIn::text).collect();
+        if let Err(e) = client.publish_records("kept", records).await {
+            c.fail(&format!("publishing batch {batch}: {e}"));
+        }
+        acked.extend(values);
+        batch += 1;
+    }
+    let answered = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let publishers: Vec<_> = (1..=2)
+        .map(|task| {
+            let (client, answered) = (client.clone(), answered.clone());
+            tokio::spawn(async move {
+                let mut acked = Vec::new();
+                for batch in 0.. {
+                    let values = kept_batch(task, batch);
+                    let records = values.iter().cloned().map(RecordIn::text).collect();
+                    let result = client.publish_records("kept", records).await;
+                    answered.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    match result {
+                        Ok(_) => acked.extend(values),
+                        Err(_) => break,
+                    }
+                }
+                acked
+            })
+        })
+        .collect();
+    let seen = answered.clone();
+    c.wait_for(
+        "the publishers' first answers",
+        Duration::from_secs(60),
+        || {
+            let n = seen.load(std::sync::atomic::Ordering::SeqCst);
+            async move {
+                if n >= 2 {
+                    Ok(())
+                } else {
+                    Err(format!("{n} answered"))
+                }
+            }
+        },
+    )
+    .await;
+    c.kill_all();
+    for id in c.ids() {
+        let dropped = c
+            .disk(id)
+            .drop_unsynced()
+            .unwrap_or_else(|e| c.fail(&format!("dropping node {id}'s unsynced writes: {e}")));
+        eprintln!("node {id} lost {dropped:?} of unsynced writes");
+    }
+    for publisher in publishers {
+        match tokio::time::timeout(Duration::from_secs(60), publisher).await {
+            Ok(Ok(values)) => acked.extend(values),
+            other => c.fail(&format!("a publisher did not finish: {other:?}")),
+        }
+    }
+    for id in c.ids() {
+        c.restart(id).await;
+    }
+    for id in c.ids() {
+        let log = c.log_since_last_start(id);
+        assert!(
+            !log.contains("is damaged"),
+            "node {id} found its store damaged after the power loss:\n{}",
+            common::tail(&log, 30)
+        );
+    }
+    eprintln!("{} records acknowledged before the power loss", acked.len());
+    assert!(!acked.is_empty(), "no record was acknowledged");
+    acked.extend(publish(&c, "kept", 20).await);
+    check_identical(&c, "kept", &acked).await;
+}

@@ -32,6 +32,44 @@ use crate::store::{self, DataDir, LogStore, Raft, SmShared, StateMachineStore};
 use store_check::open_store;
 use tasks::Tasks;
 
+/// Raises the process's soft limit on open files to its hard limit, as far as the kernel
+/// allows, and logs what the log can then hold: every segment of the Raft log keeps its file
+/// open (`store::segments`), and so do RocksDB's table files, so a soft limit of 1,024 (a
+/// common default) would stop a node whose log held 8 GiB of records at the default segment
+/// size, with "Too many open files". Best effort: a limit that cannot be read or raised is
+/// logged and kept.
+fn raise_open_files_limit(segment_bytes: u64) {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit write and read only the struct passed.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        let e = std::io::Error::last_os_error();
+        tracing::warn!("cannot read the limit on open files: {e}");
+        return;
+    }
+    let was = limit.rlim_cur;
+    if limit.rlim_cur < limit.rlim_max {
+        limit.rlim_cur = limit.rlim_max;
+        // SAFETY: as above.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) } != 0 {
+            let e = std::io::Error::last_os_error();
+            tracing::warn!(limit = was, "cannot raise the limit on open files: {e}");
+            limit.rlim_cur = was;
+        }
+    }
+    let files = limit.rlim_cur;
+    let log_gib = files.saturating_mul(segment_bytes) >> 30;
+    tracing::info!(
+        files,
+        was,
+        log_gib,
+        "open files limit: every log segment holds one open, so the log can hold about \
+         log_gib GiB (raise the hard limit, LimitNOFILE, for more)"
+    );
+}
+
 /// Starts a node and runs it until a signal (graceful shutdown) or a fatal error.
 pub async fn run(settings: Settings) -> anyhow::Result<()> {
     if cfg!(feature = "negative-control-unsafe-early-flush") {
@@ -42,6 +80,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         );
     }
     crate::metrics::install();
+    raise_open_files_limit(settings.segment_bytes);
     let datadir = DataDir::open(&settings.data, &settings.cluster_id, settings.id)?;
     let store_check::Opened { db, log, rejoining } = open_store(&settings, &datadir).await?;
     let found = store::log::stored_marks(&db, &log).map_err(|e| {

@@ -49,7 +49,9 @@ pub(super) async fn open_store(settings: &Settings, datadir: &DataDir) -> anyhow
         Ok(marks) => marks.map_or(0, |m| m.log_index),
         Err(_) => u64::MAX,
     };
-    let open_log = |db: &rocksdb::DB| store::log::open_segments(db, &datadir.log_dir(), durable);
+    let open_log = |db: &rocksdb::DB| {
+        store::log::open_segments_with(db, &datadir.log_dir(), durable, settings.segment_bytes)
+    };
     let (db, log, lost) = match open() {
         Ok(db) => {
             let started = std::time::Instant::now();

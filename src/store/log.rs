@@ -493,8 +493,19 @@ fn get_meta<T: serde::de::DeserializeOwned>(db: &DB, key: &[u8]) -> StorageResul
 
 /// Opens the node's log in `dir` (see [`SegmentLog::open`]; `durable` is the highest index the
 /// watermark says was fsynced), after moving the entries of a data directory of format 4 or
-/// older out of RocksDB's `log` family ([`move_log_family`]).
+/// older out of RocksDB's `log` family ([`move_log_family`]). New segments are started at
+/// [`DEFAULT_SEGMENT_BYTES`].
 pub fn open_segments(db: &DB, dir: &Path, durable: u64) -> Result<SegmentLog, SegmentError> {
+    open_segments_with(db, dir, durable, DEFAULT_SEGMENT_BYTES)
+}
+
+/// [`open_segments`], starting a new segment when the last reaches `segment_bytes`.
+pub fn open_segments_with(
+    db: &DB,
+    dir: &Path,
+    durable: u64,
+    segment_bytes: u64,
+) -> Result<SegmentLog, SegmentError> {
     let moved = move_log_family(db, dir)?;
     if moved > 0 {
         tracing::info!(
@@ -502,7 +513,8 @@ pub fn open_segments(db: &DB, dir: &Path, durable: u64) -> Result<SegmentLog, Se
             "the Raft log moved from the database into segment files (data directory format 5)"
         );
     }
-    let (log, recovery) = SegmentLog::open(dir, durable, DEFAULT_SEGMENT_BYTES)?;
+    let (mut log, recovery) = SegmentLog::open(dir, durable, segment_bytes)?;
+    log.make_spares_ahead();
     if recovery.cut_bytes > 0 {
         tracing::warn!(
             bytes = recovery.cut_bytes,

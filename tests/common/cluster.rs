@@ -138,6 +138,7 @@ impl Cluster {
                     child: None,
                     starts: 0,
                     env: Vec::new(),
+                    open_files: None,
                 };
                 (id, node)
             })
@@ -370,6 +371,27 @@ impl Cluster {
         let mut cmd = self.serve_command(id, port, &data, CLUSTER_ID);
         if let Some(node) = lock(&self.nodes).get(&id) {
             cmd.envs(node.env.iter().map(|(k, v)| (k, v)));
+            if let Some(soft) = node.open_files {
+                use std::os::unix::process::CommandExt;
+                // SAFETY: between fork and exec only getrlimit and setrlimit run, both
+                // async-signal-safe, on a struct of the child's own stack.
+                unsafe {
+                    cmd.pre_exec(move || {
+                        let mut limit = libc::rlimit {
+                            rlim_cur: 0,
+                            rlim_max: 0,
+                        };
+                        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+                            return Err(std::io::Error::last_os_error());
+                        }
+                        limit.rlim_cur = soft.min(limit.rlim_max);
+                        if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                            return Err(std::io::Error::last_os_error());
+                        }
+                        Ok(())
+                    });
+                }
+            }
         }
         let mut log = OpenOptions::new()
             .create(true)

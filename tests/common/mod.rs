@@ -118,6 +118,8 @@ struct NodeProc {
     starts: u32,
     /// Environment variables of its next starts (see [`Cluster::set_env`]).
     env: Vec<(String, String)>,
+    /// A soft limit on open files to start the node with (`None`: the harness's own).
+    open_files: Option<u64>,
 }
 
 /// A raftq cluster of real processes. See the module documentation.

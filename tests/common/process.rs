@@ -170,6 +170,15 @@ impl Cluster {
         (out.status.success(), text)
     }
 
+    /// Starts node `id` from now on with a soft limit of `soft` open files (its hard limit
+    /// the harness's own).
+    pub fn set_open_files_limit(&self, id: u64, soft: u64) {
+        lock(&self.nodes)
+            .get_mut(&id)
+            .unwrap_or_else(|| panic!("no node {id} in this cluster"))
+            .open_files = Some(soft);
+    }
+
     /// Sets environment variables for the next starts of node `id` (e.g. a fake clock);
     /// an empty list clears them.
     pub fn set_env(&self, id: u64, env: &[(&str, &str)]) {
