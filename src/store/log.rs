@@ -513,8 +513,7 @@ pub fn open_segments_with(
             "the Raft log moved from the database into segment files (data directory format 5)"
         );
     }
-    let (mut log, recovery) = SegmentLog::open(dir, durable, segment_bytes)?;
-    log.make_spares_ahead();
+    let (log, recovery) = SegmentLog::open(dir, durable, segment_bytes)?;
     if recovery.cut_bytes > 0 {
         tracing::warn!(
             bytes = recovery.cut_bytes,

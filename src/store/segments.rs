@@ -22,13 +22,6 @@
 //! older frame could not pass for the next entry anyway: it holds an entry at or below the purge
 //! that freed the file, below any entry appended since.
 //!
-//! When a segment starts and no spare is left, the node's log has the next one made ahead of
-//! need on a thread of its own ([`SegmentLog::make_spares_ahead`]): created and allocated at
-//! the segment size, synced. The roll that starts a segment in it then writes a header,
-//! renames and syncs, instead of creating and allocating a file on the log's thread, which
-//! had stalled appends by up to 35 ms (docs/performance.md, step 22). The file made ahead
-//! counts against [`MAX_SPARE_SEGMENTS`]; a purged segment's file is taken before it.
-//!
 //! Durability: [`SegmentLog::sync`] fdatasyncs the segment being appended to; a segment is
 //! fsynced before the next one is created, and the directory after every file created, renamed
 //! or removed. Opening checks every frame. A frame that does not read whole (its length runs
@@ -54,10 +47,9 @@ pub const MAX_PAYLOAD: u32 = 256 << 20;
 /// one segment of purged entries stays on disk: small enough for a node's data directory to stay
 /// bounded, large enough that starting a segment (a file created, a directory fsync) is rare.
 pub const DEFAULT_SEGMENT_BYTES: u64 = 8 << 20;
-/// Files kept for segments to start in, purged segments' and the one made ahead of need: 256
-/// MiB of files at the default size, the default snapshot policy's bytes, so that what one
-/// snapshot's purge frees can hold every segment written until the next one. A purge beyond it
-/// removes files, as before.
+/// Purged segments kept for reuse: 256 MiB of files at the default size, the default snapshot
+/// policy's bytes, so that what one snapshot's purge frees can hold every segment written until
+/// the next one. A purge beyond it removes files, as before.
 pub const MAX_SPARE_SEGMENTS: usize = 32;
 const SPARE_SUFFIX: &str = ".spare";
 
@@ -121,38 +113,6 @@ pub struct SegmentLog {
     /// Purged segment files kept for reuse, and the number the next one is named by.
     spares: Vec<PathBuf>,
     next_spare: u64,
-    /// A spare being made ahead of need, when there was none left after the last segment
-    /// started ([`make_spare`]), and the one made, until a segment starts in it.
-    making: Option<std::thread::JoinHandle<io::Result<PathBuf>>>,
-    made: Option<PathBuf>,
-    /// Whether spares are made ahead of need ([`SegmentLog::make_spares_ahead`]).
-    make_ahead: bool,
-}
-
-/// Makes a spare segment file at `path`, `bytes` long and allocated, with its allocation
-/// synced: the part of starting a segment that does not depend on its first index, done on a
-/// thread of its own while the log appends to the segment before, so that a roll only writes
-/// a header and renames (about as long as two small fsyncs, where creating and allocating the
-/// file on the log's own thread had stalled appends for up to 35 ms). Its name needs no
-/// directory sync: a spare lost in a crash is only not reused, and the rename that starts a
-/// segment in it is synced with the directory. On failure the file is removed again.
-fn make_spare(path: PathBuf, bytes: u64) -> io::Result<PathBuf> {
-    let made = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .open(&path)
-        .and_then(|file| {
-            preallocate(&file, bytes);
-            file.sync_all()
-        });
-    match made {
-        Ok(()) => Ok(path),
-        Err(e) => {
-            let _ = fs::remove_file(&path);
-            Err(e)
-        }
-    }
 }
 
 fn file_name(first: u64) -> String {
@@ -343,9 +303,6 @@ impl SegmentLog {
             dirty: false,
             spares: Vec::new(),
             next_spare: 0,
-            making: None,
-            made: None,
-            make_ahead: false,
         };
         log.keep_spares()?;
         let mut recovery = Recovery::default();
@@ -416,9 +373,6 @@ impl SegmentLog {
             dirty: false,
             spares: Vec::new(),
             next_spare: 0,
-            making: None,
-            made: None,
-            make_ahead: false,
         };
         for first in firsts.into_iter().filter(|f| *f <= through) {
             let path = dir.join(file_name(first));
@@ -612,20 +566,14 @@ impl SegmentLog {
         Ok(())
     }
 
-    /// Syncs the current segment and starts a new one whose first entry will be `first`: in a
-    /// purged segment's file when there is one (its blocks are written), else in the one made
-    /// ahead, else in a new file; then, if no spare is left, has one made for the next.
+    /// Syncs the current segment and starts a new one whose first entry will be `first`, in a
+    /// spare file when there is one.
     fn start_segment(&mut self, first: u64) -> Result<(), SegmentError> {
         self.sync()?;
         let path = self.dir.join(file_name(first));
         let io = io_at(&path);
-        let spare = if path.exists() {
-            None
-        } else {
-            self.spares.pop().or_else(|| self.take_made())
-        };
-        let file = match spare {
-            Some(spare) => {
+        let file = match self.spares.pop() {
+            Some(spare) if !path.exists() => {
                 fs::rename(&spare, &path).map_err(io_at(&spare))?;
                 let file = OpenOptions::new()
                     .read(true)
@@ -637,12 +585,15 @@ impl SegmentLog {
                 file.set_len(self.max_segment_bytes).map_err(&io)?;
                 file
             }
-            None => OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create_new(true)
-                .open(&path)
-                .map_err(&io)?,
+            spare => {
+                self.spares.extend(spare);
+                OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create_new(true)
+                    .open(&path)
+                    .map_err(&io)?
+            }
         };
         preallocate(&file, self.max_segment_bytes);
         // The header, and the zeros where the frames end (a reused file holds older ones).
@@ -664,40 +615,7 @@ impl SegmentLog {
             positions: Vec::new(),
             len: MAGIC.len() as u64,
         });
-        if self.make_ahead && self.spares.is_empty() && self.making.is_none() && self.made.is_none()
-        {
-            let spare = self.dir.join(spare_name(self.next_spare));
-            self.next_spare += 1;
-            let bytes = self.max_segment_bytes;
-            self.making = Some(std::thread::spawn(move || make_spare(spare, bytes)));
-        }
         Ok(())
-    }
-
-    /// The spare made ahead of need, once made (waiting for it if it is being made). One that
-    /// could not be made is only logged: the segment is then created where it is needed, which
-    /// reports the error if it persists.
-    fn take_made(&mut self) -> Option<PathBuf> {
-        self.wait_made();
-        self.made.take()
-    }
-
-    /// Waits for the spare being made, if any.
-    fn wait_made(&mut self) {
-        let Some(making) = self.making.take() else {
-            return;
-        };
-        match making.join() {
-            Ok(Ok(path)) => self.made = Some(path),
-            Ok(Err(e)) => tracing::warn!(
-                dir = %self.dir.display(),
-                "could not make a log segment ahead of need: {e}"
-            ),
-            Err(_) => tracing::warn!(
-                dir = %self.dir.display(),
-                "the thread making a log segment ahead of need panicked"
-            ),
-        }
     }
 
     /// Entry `index`'s payload, checked against its CRC; `None` when the log does not hold it.
@@ -795,9 +713,7 @@ impl SegmentLog {
         let io = io_at(&seg.path);
         let alone =
             Arc::strong_count(&seg.file) == 1 && seg.file.metadata().map_err(&io)?.nlink() == 1;
-        // The spare made ahead counts against the bound.
-        let ahead = usize::from(self.making.is_some() || self.made.is_some());
-        if alone && self.spares.len() + ahead < MAX_SPARE_SEGMENTS {
+        if alone && self.spares.len() < MAX_SPARE_SEGMENTS {
             let spare = self.dir.join(spare_name(self.next_spare));
             self.next_spare += 1;
             fs::rename(&seg.path, &spare).map_err(&io)?;
@@ -828,25 +744,9 @@ impl SegmentLog {
         Ok(())
     }
 
-    /// From now on, whenever a segment starts and no spare is left, has one made ahead of need
-    /// for the next ([`make_spare`]): for a log appended to as it serves, not one written in
-    /// bulk and closed (an upgrade, a snapshot received), which would keep a file it never uses.
-    pub fn make_spares_ahead(&mut self) {
-        self.make_ahead = true;
-    }
-
-    /// How many files are kept for segments to start in: purged segments' and the one made
-    /// ahead of need (waiting for it if it is being made).
-    pub fn spare_count(&mut self) -> usize {
-        self.wait_made();
-        self.spares.len() + usize::from(self.made.is_some())
-    }
-}
-
-impl Drop for SegmentLog {
-    /// Waits for a spare being made: nothing writes in the log's directory once it is closed.
-    fn drop(&mut self) {
-        self.wait_made();
+    /// How many purged segment files are kept for reuse.
+    pub fn spare_count(&self) -> usize {
+        self.spares.len()
     }
 }
 

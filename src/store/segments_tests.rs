@@ -6,11 +6,8 @@ fn payload(index: u64) -> Vec<u8> {
 }
 
 fn open(dir: &Path, durable: u64) -> Result<(SegmentLog, Recovery), SegmentError> {
-    // Small segments: a few entries each, so every test crosses segment boundaries; spares
-    // made ahead, as the node's log does.
-    let (mut log, recovery) = SegmentLog::open(dir, durable, 1_000)?;
-    log.make_spares_ahead();
-    Ok((log, recovery))
+    // Small segments: a few entries each, so every test crosses segment boundaries.
+    SegmentLog::open(dir, durable, 1_000)
 }
 
 fn fill(log: &mut SegmentLog, range: std::ops::RangeInclusive<u64>) {
@@ -458,7 +455,7 @@ fn a_purged_segment_is_reused_and_its_old_frames_never_read() {
         .map(|(_, ino)| *ino)
         .collect();
     assert!(purged.len() >= 3, "purged {} segments", purged.len());
-    assert_eq!(log.spares.len(), purged.len(), "every purged file kept");
+    assert_eq!(log.spare_count(), purged.len(), "every purged file kept");
     let reused = |dir: &Path| {
         segment_files(dir)
             .iter()
@@ -469,7 +466,7 @@ fn a_purged_segment_is_reused_and_its_old_frames_never_read() {
     // Into the first spare, and stop there: the segment appended to holds older frames after
     // the new ones.
     let mut last = 60;
-    while log.spares.len() == purged.len() {
+    while log.spare_count() == purged.len() {
         last += 1;
         fill(&mut log, last..=last);
     }
@@ -485,7 +482,7 @@ fn a_purged_segment_is_reused_and_its_old_frames_never_read() {
 
     // Through every spare and past them: the finished reused segments read back after an open.
     fill(&mut log, last + 1..=last + 80);
-    assert_eq!(log.spares.len(), 0);
+    assert_eq!(log.spare_count(), 0);
     assert_eq!(reused(dir.path()), purged.len());
     drop(log);
     let (log, recovery) = open(dir.path(), last + 80).expect("reopen");
@@ -506,7 +503,7 @@ fn a_segment_linked_or_held_elsewhere_is_not_reused() {
     let linked = log.link_range(1, 20, &snap_dir).expect("link");
     assert!(linked >= 2);
     log.purge_to(20).expect("purge");
-    assert_eq!(log.spares.len(), 0, "linked files are not reused");
+    assert_eq!(log.spare_count(), 0, "linked files are not reused");
     fill(&mut log, 41..=100);
     let snap = SegmentLog::open_read_only(&snap_dir, 20).expect("the snapshot's files");
     for i in 1..=20 {
@@ -522,7 +519,7 @@ fn a_segment_linked_or_held_elsewhere_is_not_reused() {
     let files = segment_files(&held_dir).len();
     let (held, _) = log.unsynced().expect("unsynced");
     assert_eq!(log.purge_to(100).expect("purge all"), None);
-    assert_eq!(log.spares.len(), files - 1, "all but the held one kept");
+    assert_eq!(log.spare_count(), files - 1, "all but the held one kept");
     held.sync_data().expect("the held file is still its own");
     let held_ino = {
         use std::os::unix::fs::MetadataExt;
@@ -541,7 +538,7 @@ fn a_segment_linked_or_held_elsewhere_is_not_reused() {
     for n in 0..MAX_SPARE_SEGMENTS + 3 {
         fs::write(log_dir.join(spare_name(1_000 + n as u64)), b"x").expect("spare");
     }
-    let (mut log, _) = open(&log_dir, 100).expect("reopen");
+    let (log, _) = open(&log_dir, 100).expect("reopen");
     assert_eq!(log.spare_count(), MAX_SPARE_SEGMENTS);
     let on_disk = fs::read_dir(&log_dir)
         .expect("dir")
@@ -580,13 +577,13 @@ fn a_power_loss_with_reused_segments_keeps_every_synced_entry() {
         if held > 12 {
             log.purge_to(held - 12).expect("purge");
         }
-        let spares = log.spares.len();
+        let spares = log.spare_count();
         fill(&mut log, held + 1..=held + 10);
         synced = held + 10;
         for i in synced + 1..=synced + 7 + round * 3 {
             log.append(i, &payload(i)).expect("append");
         }
-        reused += spares.saturating_sub(log.spares.len());
+        reused += spares - log.spare_count();
         drop(log);
         let report = disk.control().drop_unsynced().expect("power loss");
         assert!(report.bytes > 0, "round {round}: nothing was unsynced");
@@ -614,43 +611,4 @@ fn a_purge_keeps_no_more_spares_than_the_bound() {
     assert_eq!(log.spare_count(), MAX_SPARE_SEGMENTS);
     let files = fs::read_dir(dir.path()).expect("dir").count();
     assert_eq!(files, MAX_SPARE_SEGMENTS, "the rest removed");
-}
-
-/// When no spare is left after a segment starts, the next one's file is made ahead of need on
-/// a thread of its own, and the next segment starts in it: its entries read back, before and
-/// after an open.
-#[test]
-fn a_segment_starts_in_a_file_made_ahead_of_need() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (mut log, _) = open(dir.path(), 0).expect("open");
-    fill(&mut log, 1..=1);
-    assert_eq!(log.spare_count(), 1, "a spare made after the first segment");
-    let spare = |dir: &Path| {
-        fs::read_dir(dir)
-            .expect("dir")
-            .map(|e| e.expect("entry").path())
-            .filter(|p| p.to_string_lossy().ends_with(SPARE_SUFFIX))
-            .collect::<Vec<_>>()
-    };
-    let made = spare(dir.path());
-    assert_eq!(made.len(), 1, "{made:?}");
-    let made_ino = inode(&made[0]);
-    let segments = segment_files(dir.path()).len();
-    let mut last = 1;
-    while segment_files(dir.path()).len() == segments {
-        last += 1;
-        fill(&mut log, last..=last);
-    }
-    let newest = segment_files(dir.path()).pop().expect("a segment");
-    assert_eq!(
-        inode(&newest),
-        made_ino,
-        "the segment started in the file made"
-    );
-    assert_eq!(log.spare_count(), 1, "and the next one made");
-    assert_holds(&log, 1..=last);
-    drop(log);
-    let (log, recovery) = open(dir.path(), last).expect("reopen");
-    assert_eq!(recovery.cut_bytes, 0);
-    assert_holds(&log, 1..=last);
 }
