@@ -155,6 +155,7 @@ pub async fn http_layer(req: Request, next: Next) -> Response {
 pub fn render(node: &Node) -> String {
     let mut out = String::with_capacity(16 << 10);
     raft_metrics(node, &mut out);
+    process_metrics(&mut out);
     state_metrics(node, &mut out);
     if let Some(handle) = HANDLE.get() {
         out.push_str(&handle.render());
@@ -240,6 +241,31 @@ fn raft_metrics(node: &Node, out: &mut String) {
         "Size of the current snapshot file",
     );
     let _ = writeln!(out, "raftq_snapshot_size_bytes {snap_bytes}");
+}
+
+/// The process's open files and its limit on them, under the names Prometheus's own process
+/// collectors use: every log segment holds a file open, and a node that runs out of files stops
+/// (docs/operations.md, "Open files"), so `process_open_fds / process_max_fds` is the ratio to
+/// alert on. A figure that cannot be read is left out.
+fn process_metrics(out: &mut String) {
+    if let Ok(fds) = std::fs::read_dir("/proc/self/fd") {
+        family(out, "process_open_fds", "gauge", "Open file descriptors");
+        let _ = writeln!(out, "process_open_fds {}", fds.count());
+    }
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes only the struct passed.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0 {
+        family(
+            out,
+            "process_max_fds",
+            "gauge",
+            "Most file descriptors the process may open (its soft limit)",
+        );
+        let _ = writeln!(out, "process_max_fds {}", limit.rlim_cur);
+    }
 }
 
 /// Per topic and per subscription, as of the node's applied state (the reports' numbers).

@@ -338,5 +338,29 @@ async fn a_node_raises_its_open_files_limit_to_keep_a_log_of_many_segments() {
         })
         .count();
     assert!(segments > 150, "the log has {segments} segments");
+    // What an operator watches: the files open, every segment's among them, against the
+    // limit the node raised.
+    let metrics = c
+        .http()
+        .get(format!("{}/metrics", c.url(1)))
+        .send()
+        .await
+        .expect("GET /metrics")
+        .text()
+        .await
+        .expect("the metrics");
+    let gauge = |name: &str| -> u64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in /metrics"))
+    };
+    let (open, max) = (gauge("process_open_fds"), gauge("process_max_fds"));
+    assert!(
+        open as usize > segments && open < max,
+        "{open} files open of at most {max}, for {segments} segments"
+    );
+    assert_eq!(max.to_string(), hard, "the limit the node runs with");
     assert_eq!(c.read_all(1, "t").await.len(), 160 * 8);
 }
