@@ -252,12 +252,7 @@ fn process_metrics(out: &mut String) {
         family(out, "process_open_fds", "gauge", "Open file descriptors");
         let _ = writeln!(out, "process_open_fds {}", fds.count());
     }
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes only the struct passed.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0 {
+    if let Ok(limit) = open_files_limit() {
         family(
             out,
             "process_max_fds",
@@ -266,6 +261,19 @@ fn process_metrics(out: &mut String) {
         );
         let _ = writeln!(out, "process_max_fds {}", limit.rlim_cur);
     }
+}
+
+/// The process's limits on open files (soft: `rlim_cur`, hard: `rlim_max`).
+pub fn open_files_limit() -> std::io::Result<libc::rlimit> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes only the struct passed.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(limit)
 }
 
 /// Per topic and per subscription, as of the node's applied state (the reports' numbers).

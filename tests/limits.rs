@@ -330,13 +330,7 @@ async fn a_node_raises_its_open_files_limit_to_keep_a_log_of_many_segments() {
             c.fail(&format!("publishing batch {batch}: {e}"));
         }
     }
-    let segments = std::fs::read_dir(c.data_dir(1).join("log"))
-        .expect("the log directory")
-        .filter(|e| {
-            e.as_ref()
-                .is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".seg"))
-        })
-        .count();
+    let segments = c.log_files(1, ".seg");
     assert!(segments > 150, "the log has {segments} segments");
     // What an operator watches: the files open, every segment's among them, against the
     // limit the node raised.

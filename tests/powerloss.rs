@@ -221,14 +221,9 @@ async fn a_follower_losing_power_right_after_a_snapshot_install_keeps_what_it_in
     );
 }
 
-/// The `.spare` files in node `id`'s log directory: purged segments kept for reuse.
+/// The purged segments node `id`'s log keeps for reuse.
 fn spares(c: &Cluster, id: u64) -> usize {
-    let dir = c.data_dir(id).join("log");
-    std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| c.fail(&format!("listing {}: {e}", dir.display())))
-        .filter_map(Result::ok)
-        .filter(|e| e.file_name().to_string_lossy().ends_with(".spare"))
-        .count()
+    c.log_files(id, ".spare")
 }
 
 /// Batch `batch` of publisher `task`: 16 unique values of 800 to 1,600 bytes.

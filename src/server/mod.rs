@@ -39,20 +39,17 @@ use tasks::Tasks;
 /// size, with "Too many open files". Best effort: a limit that cannot be read or raised is
 /// logged and kept.
 fn raise_open_files_limit(segment_bytes: u64) {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
+    let mut limit = match crate::metrics::open_files_limit() {
+        Ok(limit) => limit,
+        Err(e) => {
+            tracing::warn!("cannot read the limit on open files: {e}");
+            return;
+        }
     };
-    // SAFETY: getrlimit and setrlimit write and read only the struct passed.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
-        let e = std::io::Error::last_os_error();
-        tracing::warn!("cannot read the limit on open files: {e}");
-        return;
-    }
     let was = limit.rlim_cur;
     if limit.rlim_cur < limit.rlim_max {
         limit.rlim_cur = limit.rlim_max;
-        // SAFETY: as above.
+        // SAFETY: setrlimit reads only the struct passed.
         if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) } != 0 {
             let e = std::io::Error::last_os_error();
             tracing::warn!(limit = was, "cannot raise the limit on open files: {e}");

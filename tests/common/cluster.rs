@@ -258,6 +258,17 @@ impl Cluster {
             .clone()
     }
 
+    /// How many files named `*<suffix>` node `id`'s Raft log directory holds (`.seg`: its
+    /// segments; `.spare`: purged segments kept for reuse).
+    pub fn log_files(&self, id: u64, suffix: &str) -> usize {
+        let dir = self.data_dir(id).join("log");
+        std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("listing {}: {e}", dir.display()))
+            .filter_map(Result::ok)
+            .filter(|e| e.file_name().to_string_lossy().ends_with(suffix))
+            .count()
+    }
+
     /// The cluster's temporary directory.
     pub fn root(&self) -> &Path {
         &self.root
